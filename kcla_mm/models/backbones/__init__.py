@@ -1,0 +1,3 @@
+from .kcla_resnet import KCLAResLayer, KCLAResNet
+
+__all__ = ['KCLAResLayer', 'KCLAResNet']

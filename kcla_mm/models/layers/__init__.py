@@ -1,0 +1,3 @@
+from .kcla_layer import KCLALayer, KCLAState
+
+__all__ = ['KCLALayer', 'KCLAState']

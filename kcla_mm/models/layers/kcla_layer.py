@@ -1,0 +1,293 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""Key-Correlated Layer Attention (KCLA), arXiv 2606.28405.
+
+The layer follows the official ImageNet model (github bgx666/KCLA,
+``imagenet/kcla_resnet.py``) equation for equation, with three differences
+that do not change the fp32 result:
+
+* only the modules that the forward pass uses are built, so DDP does not need
+  ``find_unused_parameters``;
+* the recurrent state is accumulated in fp32 whatever the activations' dtype,
+  because the official sum of ``exp(.)`` (up to e^10 per layer) overflows fp16
+  after a few layers;
+* the per-head ``gate / (Z + eps)`` scaling (and, in eval mode, the BN affine
+  transform) is folded into the depthwise value conv, which is linear and
+  per-channel, so the state is read once instead of three times.
+"""
+import math
+from typing import NamedTuple, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_conv_layer, build_norm_layer
+from mmengine.model import BaseModule
+from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
+
+# The official model adds this to Z before normalising the state.
+STATE_EPS = 1e-3
+
+
+class KCLAState(NamedTuple):
+    """Recurrent state carried from block to block.
+
+    Attributes:
+        u (Tensor): Weighted sum of the block outputs seen so far, U^t, of
+            shape (N, C, H, W), always fp32.
+        z (Tensor): Per-head normaliser Z^t = sum of the layer weights, of
+            shape (N, num_heads), always fp32.
+    """
+    u: Tensor
+    z: Tensor
+
+
+def _at_least_fp32(t: Tensor) -> Tensor:
+    """fp16/bf16 -> fp32; fp32 and fp64 stay as they are."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def eca_kernel_size(channels: int, gamma: int = 2, beta: int = 1) -> int:
+    """Kernel size of an ECA 1-D conv over ``channels`` (always odd)."""
+    t = int(abs((math.log(channels, 2) + beta) / gamma))
+    return t if t % 2 else t + 1
+
+
+def head_temperatures(num_heads: int,
+                      temperature_range: Sequence[float]) -> Tensor:
+    """Per-head temperatures tau_h: reciprocals of a log-uniform sequence.
+
+    Computed in fp32 exactly as the official code does, so that the values
+    (and hence the layer weights) are bit-identical to it.
+    """
+    start, stop = temperature_range
+    log_values = torch.linspace(
+        torch.log(torch.tensor(float(start))),
+        torch.log(torch.tensor(float(stop))), num_heads)
+    return 1 / torch.exp(log_values)
+
+
+class KCLALayer(BaseModule):
+    """Key-Correlated Layer Attention after one residual block.
+
+    Given the block output X^t and the state (U^{t-1}, Z^{t-1}), per head h
+    of ``head_dim`` channels::
+
+        q = GAP(X^t);  Q = conv1d_q(q);  K = conv1d_k(q)
+        w_h = exp(min(||K_h|| / tau_h, clamp))
+        U^t = U^{t-1} + w X^t;  Z^t = Z^{t-1} + w
+        gate_h = sigmoid(Phi(||Q_h|| cos(Q_h, K_h)))
+        X^t <- X^t + DropPath(ReLU(Norm(gate * DWConv3x3(U^t / (Z^t + eps)))))
+
+    When ``renorm`` is set (first block of a stage, and the official extra
+    block 11), the incoming state is first re-normalised (Algorithm 1 of the
+    paper): A = U/Z, mapped by a head-grouped strided 1x1 conv to the new
+    width and size when either changes, normalised, and a key conv on the
+    pooled A gives a fresh Z, with U = A * Z.
+
+    Args:
+        channels (int): Channels of the block output X^t.
+        head_dim (int): Channels per head. Default: 64.
+        state_channels (int, optional): Channels of the incoming state when
+            it differs from ``channels``. Default: None (same width).
+        state_stride (int): Spatial stride between the incoming state and
+            X^t. Default: 1.
+        renorm (bool): Whether this layer re-normalises the incoming state.
+            Default: False.
+        temperature_range (Sequence[float]): The per-head temperatures are
+            the reciprocals of a log-uniform sequence from
+            ``temperature_range[0]`` to ``temperature_range[1]``.
+            Default: (0.7, 1 / 0.7).
+        clamp (float): Upper bound of ||K|| / tau before ``exp``. Default: 10.
+        drop_path (float): Drop-path rate of the attention branch.
+            Default: 0.2.
+        conv_cfg (dict, optional): Config of the state adaptation conv.
+            Default: None (nn.Conv2d).
+        norm_cfg (dict): Config of the output and state norms.
+            Default: dict(type='BN').
+        init_cfg (dict or list[dict], optional): Initialization config.
+    """
+
+    def __init__(self,
+                 channels: int,
+                 head_dim: int = 64,
+                 state_channels: Optional[int] = None,
+                 state_stride: int = 1,
+                 renorm: bool = False,
+                 temperature_range: Sequence[float] = (0.7, 1 / 0.7),
+                 clamp: float = 10.,
+                 drop_path: float = 0.2,
+                 conv_cfg: Optional[dict] = None,
+                 norm_cfg: dict = dict(type='BN'),
+                 init_cfg=(dict(type='Kaiming', layer='Conv2d'),
+                           dict(
+                               type='Xavier',
+                               layer=['Conv1d', 'Linear'],
+                               distribution='uniform'))):
+        super().__init__(init_cfg=list(init_cfg) if isinstance(
+            init_cfg, tuple) else init_cfg)
+        if head_dim <= 0 or channels % head_dim:
+            raise ValueError(f'head_dim={head_dim} must divide the stage '
+                             f'width channels={channels}')
+        if not 0. <= drop_path < 1.:
+            raise ValueError(f'drop_path={drop_path} must be in [0, 1)')
+        self.channels = channels
+        self.head_dim = head_dim
+        self.num_heads = channels // head_dim
+        self.clamp = float(clamp)
+        self.drop_path = drop_path
+        state_channels = channels if state_channels is None else state_channels
+
+        k_size = eca_kernel_size(channels)
+        self.query_conv = nn.Conv1d(
+            1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
+        self.key_conv = nn.Conv1d(
+            1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
+        self.value_conv = nn.Conv2d(
+            channels, channels, 3, padding=1, groups=channels, bias=False)
+        # Phi: the learnable map over heads of ||Q_h|| cos(theta_h).
+        self.head_mix = nn.Linear(self.num_heads, self.num_heads, bias=False)
+        self.norm = build_norm_layer(norm_cfg, channels)[1]
+        # Fixed, but kept in the state dict so a checkpoint carries the
+        # temperatures it was trained with.
+        self.register_buffer(
+            'tau', head_temperatures(self.num_heads, temperature_range))
+
+        self.renorm = renorm
+        if renorm:
+            if state_channels != channels or state_stride != 1:
+                if state_channels % self.num_heads:
+                    raise ValueError(
+                        f'state_channels={state_channels} must be divisible '
+                        f'by the number of heads {self.num_heads}')
+                self.state_adapt = build_conv_layer(
+                    conv_cfg,
+                    state_channels,
+                    channels,
+                    kernel_size=1,
+                    stride=state_stride,
+                    groups=self.num_heads,
+                    bias=False)
+            else:
+                self.state_adapt = None
+            self.state_norm = build_norm_layer(norm_cfg, channels)[1]
+            self.state_key_conv = nn.Conv1d(
+                1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
+        elif state_channels != channels or state_stride != 1:
+            raise ValueError('a layer whose state changes width or size '
+                             'must have renorm=True')
+
+    def _heads(self, t: Tensor) -> Tensor:
+        """(N, C, H, W) -> (N, heads, head_dim, H, W), a view."""
+        return t.view(t.shape[0], self.num_heads, self.head_dim, *t.shape[2:])
+
+    def _layer_weight(self, k_norm: Tensor) -> Tensor:
+        """w_h = exp(min(||K_h|| / tau_h, clamp)), shape (N, heads)."""
+        return torch.exp(torch.clamp(k_norm / self.tau, max=self.clamp))
+
+    def _pooled_conv(self, conv: nn.Conv1d, pooled: Tensor) -> Tensor:
+        """ECA-style 1-D conv over the pooled channels, split into heads."""
+        return _at_least_fp32(conv(pooled[:, None])).view(
+            -1, self.num_heads, self.head_dim)
+
+    def renormalise(self, state: KCLAState) -> KCLAState:
+        """Algorithm 1: carry the state across a change of width or size."""
+        # The incoming state is split into the previous stage's heads.
+        n, _, h, w = state.u.shape
+        a = (state.u.view(n, state.z.shape[1], -1, h, w) /
+             state.z[..., None, None, None]).flatten(1, 2)
+        # The state is fp32; a half-precision model (no autocast) needs its
+        # own dtype here.
+        a = a.to(self.value_conv.weight.dtype)
+        if self.state_adapt is not None:
+            a = self.state_adapt(a)
+        a = self.state_norm(a)
+        key = self._pooled_conv(self.state_key_conv, a.mean((2, 3)))
+        z = self._layer_weight(key.norm(dim=2))
+        u = self._heads(_at_least_fp32(a)) * z[..., None, None, None]
+        return KCLAState(u.flatten(1, 2), z)
+
+    def forward(self, x: Tensor,
+                state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:
+        """Returns the updated block output and the new state."""
+        if state is not None and self.renorm:
+            state = self.renormalise(state)
+
+        pooled = x.mean((2, 3))
+        query = self._pooled_conv(self.query_conv, pooled)
+        key = self._pooled_conv(self.key_conv, pooled)
+        k_norm = key.norm(dim=2)
+        weight = self._layer_weight(k_norm)
+        # ||Q|| cos(theta) = <Q, K> / ||K||; the clamp only guards K = 0.
+        q_cos = (query * key).sum(2) / k_norm.clamp_min(1e-12)
+        gate = torch.sigmoid(
+            _at_least_fp32(
+                self.head_mix(q_cos.to(self.head_mix.weight.dtype))))
+
+        weight_5d = weight[..., None, None, None]
+        if state is None:
+            u = (self._heads(x) * weight_5d).flatten(1, 2)
+            z = weight
+        else:
+            z = state.z + weight
+            if torch.is_grad_enabled():
+                u = torch.addcmul(
+                    self._heads(state.u), self._heads(x),
+                    weight_5d).flatten(1, 2)
+            else:
+                # Nothing else holds the old state in inference.
+                u = state.u
+                self._heads(u).addcmul_(self._heads(x), weight_5d)
+        # gate * DWConv(U / (Z + eps)) == DWConv(U * gate / (Z + eps)).
+        out = self._value(u, gate / (z + STATE_EPS), x.dtype)
+        if self.training and self.drop_path > 0:
+            keep = 1 - self.drop_path
+            mask = x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep)
+            x = torch.addcmul(x, out, mask.div_(keep))
+        elif torch.is_grad_enabled():
+            x = x + out
+        else:
+            x = x.add_(out)
+        return x, KCLAState(u, z)
+
+    def _value(self, u: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+        """ReLU(Norm(DWConv(U * scale))), reading U once where possible.
+
+        ``scale`` has shape (N, heads).
+        """
+        scale_5d = scale[..., None, None, None]
+        if u.dtype != dtype or torch.is_autocast_enabled(u.device.type):
+            # The raw state may exceed the fp16 range: scale it first (the
+            # scaled state is a convex mix of the block outputs).
+            v = (self._heads(u) * scale_5d).flatten(1, 2).to(dtype)
+            return F.relu(self.norm(self.value_conv(v)), inplace=True)
+
+        n, c = u.shape[:2]
+        # Per-sample, per-channel scale folded into a depthwise kernel of
+        # N * C groups: (N, heads, head_dim, 3, 3).
+        weight = self._heads(self.value_conv.weight.view(1, c, 3, 3))
+        weight = weight * scale_5d
+        bias = None
+        norm = self.norm
+        fold_norm = (
+            isinstance(norm, _BatchNorm) and not norm.training
+            and norm.track_running_stats)
+        if fold_norm:
+            # Eval-mode BN is a per-channel affine map: fold it in too.
+            bn_scale = torch.rsqrt(norm.running_var + norm.eps)
+            if norm.weight is not None:
+                bn_scale = norm.weight * bn_scale
+            bias = -norm.running_mean * bn_scale
+            if norm.bias is not None:
+                bias = bias + norm.bias
+            weight = weight * self._heads(bn_scale.view(1, c, 1, 1))
+            bias = bias.repeat(n)
+        v = F.conv2d(
+            u.view(1, n * c, *u.shape[2:]),
+            weight.reshape(n * c, 1, 3, 3),
+            bias,
+            padding=1,
+            groups=n * c).view_as(u)
+        if not fold_norm:
+            v = norm(v)
+        return F.relu(v, inplace=True)

@@ -1,0 +1,197 @@
+"""An independent, deliberately naive re-implementation of the official
+KCLA ImageNet model (github bgx666/KCLA, ``imagenet/kcla_resnet.py``),
+written from the paper's equations and the official module layout so that
+its ``state_dict`` has the official key names:
+
+    conv1.*, bn1.*, layerN.layers.J.*, layerN.attention.J.*, fc.*
+
+It keeps the official quirks that matter for parity: ``U / Z`` without eps
+in the cross-stage adaptation, ``U / (Z + 1e-3)`` before the value conv,
+head temperatures ``1 / logspace(0.7, 1/0.7)`` in fp32, and the modules that
+the forward pass never uses (stage 1 block 0's adaptation, block 11's
+``adjust_channel``), which the converter must drop.
+
+Nothing here is imported by the package.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+STAGE_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
+
+
+def _eca_k(channels):
+    t = int(abs((math.log(channels, 2) + 1) / 2.))
+    return t if t % 2 else t + 1
+
+
+def _conv1d(k):
+    return nn.Conv1d(1, 1, k, padding=(k - 1) // 2, bias=False)
+
+
+class OfficialKCLA(nn.Module):
+
+    def __init__(self, c, init_layer, stride=2, drop_path=0.):
+        super().__init__()
+        self.head = 64
+        self.heads = c // 64
+        self.init_layer = init_layer
+        self.drop_path = drop_path
+        k = _eca_k(c)
+        if init_layer:
+            # official: in = c // 2, grouped by heads, hard-coded stride 2
+            self.adjust_channel = nn.Conv2d(
+                c // 2, c, 1, stride=stride, groups=self.heads, bias=False)
+            self.u_Wk = _conv1d(k)
+            self.u_bn = nn.BatchNorm2d(c)
+        self.bn_attention = nn.BatchNorm2d(c)
+        self.Wq = _conv1d(k)
+        self.Wk = _conv1d(k)
+        self.Wv = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+        self.head_att = nn.Linear(self.heads, self.heads, bias=False)
+        seq = torch.exp(
+            torch.linspace(
+                torch.log(torch.tensor(0.7)),
+                torch.log(torch.tensor(1 / 0.7)), self.heads))
+        self.norm_d = nn.Parameter(
+            1 / seq.view(1, self.heads, 1, 1, 1), requires_grad=False)
+
+    def weight_of(self, key):
+        """w = exp(min(||K|| / tau, 10)) per head, shape (b, heads, 1,1,1)."""
+        return torch.exp(
+            torch.clamp(
+                torch.norm(key, dim=2, keepdim=True) / self.norm_d, max=10))
+
+    def forward(self, x, u, z):
+        b, c, h, w = x.shape
+        g, d = self.heads, self.head
+        if u is not None and self.init_layer:
+            a = (u / z).reshape(b, -1, u.shape[-2], u.shape[-1])
+            if a.shape[1] != c:
+                a = self.adjust_channel(a)
+            a = self.u_bn(a)
+            k = self.u_Wk(a.mean((2, 3)).view(b, 1, c)).view(b, g, d, 1, 1)
+            z = self.weight_of(k)
+            u = a.view(b, g, d, h, w) * z
+        pooled = x.mean((2, 3)).view(b, 1, c)
+        q = self.Wq(pooled).view(b, g, d, 1, 1)
+        k = self.Wk(pooled).view(b, g, d, 1, 1)
+        w_t = self.weight_of(k)
+        xs = x.view(b, g, d, h, w)
+        if u is None:
+            u, z = w_t * xs, w_t
+        else:
+            u, z = u + w_t * xs, z + w_t
+        v = self.Wv((u / (z + 1e-3)).reshape(b, c, h, w))
+        k_norm = torch.norm(k, dim=2, keepdim=True)
+        q_cos = (q * k).sum(2, keepdim=True) / k_norm  # ||Q|| cos(theta)
+        gate = torch.sigmoid(self.head_att(q_cos.view(b, g))).view(
+            b, g, 1, 1, 1)
+        out = F.relu(self.bn_attention((gate * v.view(b, g, d, h, w)).view(
+            b, c, h, w)))
+        if self.training and self.drop_path > 0:
+            keep = 1 - self.drop_path
+            mask = torch.rand(b, 1, 1, 1).add_(keep).floor_()
+            out = out / keep * mask
+        return x + out, u, z
+
+
+class OfficialBottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, inplanes, planes, stride=1):
+        super().__init__()
+        out = planes * 4
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(
+            planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out)
+        self.downsample = None
+        if stride != 1 or inplanes != out:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(inplanes, out, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        identity = x if self.downsample is None else self.downsample(x)
+        return F.relu(y + identity)
+
+
+class OfficialStage(nn.Module):
+
+    def __init__(self, inplanes, planes, blocks, stride, drop_path):
+        super().__init__()
+        c = planes * 4
+        self.layers = nn.Sequential(
+            OfficialBottleneck(inplanes, planes, stride),
+            *[OfficialBottleneck(c, planes) for _ in range(1, blocks)])
+        self.attention = nn.Sequential(*[
+            OfficialKCLA(c, init_layer=i in (0, 11), drop_path=drop_path)
+            for i in range(blocks)
+        ])
+
+    def forward(self, x, u, z):
+        for layer, attention in zip(self.layers, self.attention):
+            x, u, z = attention(layer(x), u, z)
+        return x, u, z
+
+
+class OfficialKCLAResNet(nn.Module):
+
+    def __init__(self, depth=50, num_classes=1000, drop_path=0.):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        inplanes = 64
+        for i, blocks in enumerate(STAGE_BLOCKS[depth]):
+            planes = 64 * 2**i
+            self.add_module(
+                f'layer{i + 1}',
+                OfficialStage(inplanes, planes, blocks, 1 if i == 0 else 2,
+                              drop_path))
+            inplanes = planes * 4
+        self.fc = nn.Linear(inplanes, num_classes)
+
+    def stages(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+        u = z = None
+        outs = []
+        for i in range(1, 5):
+            x, u, z = getattr(self, f'layer{i}')(x, u, z)
+            outs.append(x)
+        return outs
+
+    def forward(self, x):
+        return self.fc(self.stages(x)[-1].mean((2, 3)))
+
+
+def randomise_(model, seed=0):
+    """Give every parameter and BN statistic a non-trivial value, so that a
+    wrong mapping or a wrong equation cannot hide behind an identity init
+    (e.g. zero-initialised residual BNs)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith('norm_d'):
+                continue
+            if p.dim() == 1:  # BN affine
+                p.copy_(torch.rand(p.shape, generator=gen) * 0.5 +
+                        (0.75 if name.endswith('weight') else -0.25))
+            else:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=gen) /
+                        math.sqrt(fan_in))
+        for name, buf in model.named_buffers():
+            if name.endswith('running_mean'):
+                buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
+            elif name.endswith('running_var'):
+                buf.copy_(torch.rand(buf.shape, generator=gen) + 0.5)
+    return model

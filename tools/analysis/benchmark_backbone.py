@@ -1,0 +1,133 @@
+"""Benchmark KCLAResNet against mmdet's ResNet of the same depth.
+
+Both models are measured in one run, alternating iteration by iteration so
+that machine noise hits both alike; the script prints medians and their
+ratios. It asserts nothing: speed is a measurement, not a test.
+
+    python tools/analysis/benchmark_backbone.py --depth 50 --threads 1
+"""
+import argparse
+import statistics
+import time
+from typing import Callable, Dict
+
+import torch
+from mmdet.models.backbones import ResNet
+
+from kcla_mm.models import KCLAResNet
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--depth', type=int, default=50)
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch intra-op threads (default 1)')
+    parser.add_argument('--eval-batch', type=int, default=1)
+    parser.add_argument('--train-batch', type=int, default=8)
+    parser.add_argument('--size', type=int, default=224)
+    parser.add_argument('--repeats', type=int, default=15,
+                        help='timed iterations per model and mode')
+    parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--device', default='cpu')
+    return parser.parse_args()
+
+
+def build_models(depth: int, device: str) -> Dict[str, torch.nn.Module]:
+    torch.manual_seed(0)
+    # norm_eval=False: a train step should update BN statistics as in
+    # ImageNet training; the same settings for both models.
+    common = dict(depth=depth, norm_eval=False, frozen_stages=-1)
+    models = {'resnet': ResNet(**common), 'kcla': KCLAResNet(**common)}
+    for model in models.values():
+        model.init_weights()
+        model.to(device)
+    return models
+
+
+def timed(fn: Callable[[], None], device: str) -> float:
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def saved_activation_bytes(model, x) -> int:
+    """Bytes that autograd keeps for the backward pass of one train step
+    (each storage counted once): the activation memory of training."""
+    storages = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outs = model(x)
+    sum(o.float().mean() for o in outs).backward()
+    return sum(storages.values())
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    models = build_models(args.depth, args.device)
+    x_eval = torch.randn(args.eval_batch, 3, args.size, args.size,
+                         device=args.device)
+    x_train = torch.randn(args.train_batch, 3, args.size, args.size,
+                          device=args.device)
+
+    def eval_step(model):
+        model.eval()
+        with torch.no_grad():
+            model(x_eval)
+
+    def train_step(model):
+        model.train()
+        model.zero_grad(set_to_none=True)
+        outs = model(x_train)
+        sum(o.mean() for o in outs).backward()
+
+    results = {(name, mode): [] for name in models
+               for mode in ('eval', 'train')}
+    for mode, step in (('eval', eval_step), ('train', train_step)):
+        for i in range(args.warmup + args.repeats):
+            for name, model in models.items():
+                elapsed = timed(lambda: step(model), args.device)
+                if i >= args.warmup:
+                    results[(name, mode)].append(elapsed)
+
+    print(f'KCLAResNet-{args.depth} vs ResNet-{args.depth} on {args.device}, '
+          f'{args.threads} thread(s), torch {torch.__version__}')
+    for mode, batch in (('eval', args.eval_batch),
+                        ('train', args.train_batch)):
+        base = statistics.median(results[('resnet', mode)])
+        kcla = statistics.median(results[('kcla', mode)])
+        label = 'eval forward' if mode == 'eval' else 'train step (fwd+bwd)'
+        print(f'{label:22s} batch {batch:2d}x3x{args.size}x{args.size}: '
+              f'ResNet {base * 1e3:8.1f} ms  KCLA {kcla * 1e3:8.1f} ms  '
+              f'ratio {kcla / base:.3f}')
+
+    memory = {}
+    for name, model in models.items():
+        model.train()
+        if args.device.startswith('cuda'):
+            torch.cuda.reset_peak_memory_stats()
+        memory[name] = saved_activation_bytes(model, x_train)
+        if args.device.startswith('cuda'):
+            memory[name + '_peak'] = torch.cuda.max_memory_allocated()
+    print(f'activation memory of a train step: ResNet '
+          f'{memory["resnet"] / 2**20:.1f} MiB  KCLA '
+          f'{memory["kcla"] / 2**20:.1f} MiB  ratio '
+          f'{memory["kcla"] / memory["resnet"]:.3f}')
+    if args.device.startswith('cuda'):
+        print(f'peak CUDA memory of a train step: ResNet '
+              f'{memory["resnet_peak"] / 2**20:.1f} MiB  KCLA '
+              f'{memory["kcla_peak"] / 2**20:.1f} MiB  ratio '
+              f'{memory["kcla_peak"] / memory["resnet_peak"]:.3f}')
+
+
+if __name__ == '__main__':
+    main()

@@ -147,6 +147,12 @@ class KCLAResNet(ResNet):
             kcla_cfg=self.kcla_cfg,
             **kwargs)
 
+    def train(self, mode: bool = True) -> 'KCLAResNet':
+        # mmdet's ResNet.train() returns None; nn.Module's contract (and
+        # `model = KCLAResNet(...).eval()`) expects the module back.
+        super().train(mode)
+        return self
+
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(

@@ -1,0 +1,26 @@
+import logging
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_and_seeded():
+    # mmengine logs one INFO record per parameter on init_weights().
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    torch.manual_seed(0)
+    yield
+    logger.setLevel(level)
+
+
+@pytest.fixture
+def repo_root():
+    return ROOT

@@ -1,0 +1,139 @@
+"""KCLALayer against an independent re-implementation of the official
+equations (tests/official_reference.py)."""
+import pytest
+import torch
+
+from kcla_mm.models.layers import KCLALayer, KCLAState
+from kcla_mm.models.layers.kcla_layer import eca_kernel_size, head_temperatures
+from official_reference import OfficialKCLA, randomise_
+
+OFFICIAL_TO_MM = {
+    'Wq': 'query_conv', 'Wk': 'key_conv', 'Wv': 'value_conv',
+    'head_att': 'head_mix', 'bn_attention': 'norm',
+    'adjust_channel': 'state_adapt', 'u_Wk': 'state_key_conv',
+    'u_bn': 'state_norm'
+}
+
+
+def paired_layers(channels, renorm, state_channels=None, stride=1):
+    ref = randomise_(OfficialKCLA(channels, init_layer=renorm,
+                                  stride=stride))
+    ours = KCLALayer(
+        channels,
+        state_channels=state_channels,
+        state_stride=stride,
+        renorm=renorm,
+        drop_path=0.)
+    state = {}
+    for key, value in ref.state_dict().items():
+        module, _, rest = key.partition('.')
+        if module == 'norm_d':
+            state['tau'] = value.flatten()
+        elif module == 'adjust_channel' and state_channels is None:
+            continue  # the official builds it even where it is never used
+        else:
+            state[f'{OFFICIAL_TO_MM[module]}.{rest}'] = value
+    ours.load_state_dict(state, strict=True)
+    return ref, ours
+
+
+def test_temperatures_and_kernel_size_follow_the_official_definition():
+    tau = head_temperatures(4, (0.7, 1 / 0.7))
+    seq = torch.exp(torch.linspace(torch.log(torch.tensor(0.7)),
+                                   torch.log(torch.tensor(1 / 0.7)), 4))
+    assert torch.equal(tau, 1 / seq)
+    assert tau[0] == pytest.approx(1 / 0.7) and tau[-1] == pytest.approx(0.7)
+    # ECA: t = int(|(log2 C + 1) / 2|), made odd
+    assert [eca_kernel_size(c) for c in (64, 256, 512, 1024, 2048)] == \
+        [3, 5, 5, 5, 7]
+
+
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('case', ['first', 'carry', 'adapt', 'renorm'])
+def test_layer_matches_official_equations_float64(mode, case):
+    """Forward and backward of one layer, in float64 so that any difference
+    is a difference of math, not of rounding."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        c, n, h, w = 256, 3, 9, 7
+        if case == 'adapt':  # width 128 -> 256, size 17x13 -> 9x7
+            ref, ours = paired_layers(c, True, state_channels=128, stride=2)
+            u0 = torch.rand(n, 2, 64, 17, 13) * 5
+            z0 = torch.rand(n, 2, 1, 1, 1) + 0.5
+        else:
+            ref, ours = paired_layers(c, case == 'renorm')
+            u0 = torch.rand(n, 4, 64, h, w) * 5
+            z0 = torch.rand(n, 4, 1, 1, 1) + 0.5
+        ref.train(mode == 'train')
+        ours.train(mode == 'train')
+        x = torch.rand(n, c, h, w, requires_grad=True)
+        u0.requires_grad_()
+        z0.requires_grad_()
+        if case == 'first':
+            u0 = z0 = None
+        y_ref, u_ref, z_ref = ref(x, u0, z0)
+        state = None if u0 is None else KCLAState(
+            u0.flatten(1, 2), z0.flatten(1))
+        y, new_state = ours(x, state)
+        torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(new_state.u, u_ref.flatten(1, 2),
+                                   rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(new_state.z, z_ref.flatten(1),
+                                   rtol=1e-10, atol=1e-10)
+
+        grads = [torch.randn_like(t) for t in (y_ref, u_ref, z_ref)]
+        inputs = [x] + ([] if u0 is None else [u0, z0])
+        ref_params = [p for p in ref.parameters() if p.requires_grad]
+        g_ref = torch.autograd.grad((y_ref, u_ref, z_ref),
+                                    inputs + ref_params, grads,
+                                    allow_unused=True)
+        g = torch.autograd.grad(
+            (y, new_state.u, new_state.z), inputs + list(ours.parameters()),
+            (grads[0], grads[1].flatten(1, 2), grads[2].flatten(1)))
+        for a, b in zip(g[:len(inputs)], g_ref[:len(inputs)]):
+            torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+        ref_grads = {
+            name: grad
+            for (name, p), grad in zip(
+                [(k, p) for k, p in ref.named_parameters() if p.requires_grad],
+                g_ref[len(inputs):])
+        }
+        for (name, p), grad in zip(ours.named_parameters(), g[len(inputs):]):
+            module, _, rest = name.partition('.')
+            official = {v: k for k, v in OFFICIAL_TO_MM.items()}[module]
+            torch.testing.assert_close(
+                grad, ref_grads[f'{official}.{rest}'], rtol=1e-8, atol=1e-10)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_only_used_modules_are_built():
+    carry = KCLALayer(256)
+    assert not any('state' in n for n, _ in carry.named_parameters())
+    renorm = KCLALayer(256, renorm=True)
+    assert renorm.state_adapt is None  # same width and size: no conv
+    adapt = KCLALayer(256, state_channels=128, state_stride=2, renorm=True)
+    conv = adapt.state_adapt
+    assert (conv.in_channels, conv.out_channels, conv.stride,
+            conv.groups) == (128, 256, (2, 2), 4)
+
+
+def test_drop_path_only_in_training():
+    torch.manual_seed(0)
+    layer = KCLALayer(64, head_dim=16, drop_path=0.5)
+    x = torch.rand(64, 64, 6, 6)
+    layer.train()
+    y, _ = layer(x, None)
+    branch = (y - x).flatten(1).abs().sum(1)
+    dropped = (branch == 0).sum().item()
+    # 64 samples, p = 0.5: both kinds must occur
+    assert 10 < dropped < 54
+    layer.eval()
+    y1, _ = layer(x.clone(), None)
+    y2, _ = layer(x.clone(), None)
+    assert torch.equal(y1, y2) and (y1 != x).any()
+
+
+def test_bad_head_dim_is_named():
+    with pytest.raises(ValueError, match='head_dim=48'):
+        KCLALayer(256, head_dim=48)

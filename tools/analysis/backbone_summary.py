@@ -1,0 +1,66 @@
+"""Build a backbone from a config and print its output shapes and size.
+
+    python tools/analysis/backbone_summary.py configs/_base_/models/kcla-r50.py
+
+The config's ``backbone`` dict (or ``model.backbone``) is built through the
+mmdet registry, exactly as a detector config would build it.
+"""
+import argparse
+import logging
+
+import torch
+from mmengine.config import Config, DictAction
+from mmengine.logging import MMLogger
+from mmengine.registry import init_default_scope
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('config')
+    parser.add_argument('--shape', type=int, nargs=4,
+                        default=[1, 3, 224, 224], metavar=('N', 'C', 'H', 'W'))
+    parser.add_argument('--scope', default='mmdet',
+                        choices=['mmdet', 'mmseg'])
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    if 'backbone' in cfg:
+        backbone_cfg = cfg.backbone
+    elif 'model' in cfg and 'backbone' in cfg.model:
+        backbone_cfg = cfg.model.backbone
+    else:
+        raise SystemExit(f'{args.config}: no `backbone` or `model.backbone`')
+    init_default_scope(args.scope)
+    if args.scope == 'mmdet':
+        from mmdet.registry import MODELS
+    else:
+        from mmseg.registry import MODELS
+    model = MODELS.build(backbone_cfg)
+    # init_weights() logs one INFO record per parameter.
+    logger = MMLogger.get_current_instance()
+    logger.setLevel(logging.WARNING)
+    model.init_weights()
+    model.eval()
+    with torch.no_grad():
+        outs = model(torch.rand(*args.shape))
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    kcla = sum(p.numel() for n, p in model.named_parameters()
+               if '.kcla.' in n)
+    print(f'{type(model).__name__}-{backbone_cfg.get("depth")} from '
+          f'{args.config}')
+    print(f'input {tuple(args.shape)}')
+    for i, out in zip(model.out_indices, outs):
+        print(f'  stage {i + 1}: {tuple(out.shape)}')
+    print(f'parameters: {total:,} ({trainable:,} trainable with the '
+          f'config\'s frozen_stages; {kcla:,} in KCLA layers)')
+
+
+if __name__ == '__main__':
+    main()

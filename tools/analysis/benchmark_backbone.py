@@ -29,6 +29,8 @@ def parse_args():
                         help='timed iterations per model and mode')
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--device', default='cpu')
+    parser.add_argument('--modes', nargs='+', default=['eval', 'train'],
+                        choices=['eval', 'train'])
     return parser.parse_args()
 
 
@@ -93,6 +95,8 @@ def main():
     results = {(name, mode): [] for name in models
                for mode in ('eval', 'train')}
     for mode, step in (('eval', eval_step), ('train', train_step)):
+        if mode not in args.modes:
+            continue
         for i in range(args.warmup + args.repeats):
             for name, model in models.items():
                 elapsed = timed(lambda: step(model), args.device)
@@ -103,6 +107,8 @@ def main():
           f'{args.threads} thread(s), torch {torch.__version__}')
     for mode, batch in (('eval', args.eval_batch),
                         ('train', args.train_batch)):
+        if mode not in args.modes:
+            continue
         base = statistics.median(results[('resnet', mode)])
         kcla = statistics.median(results[('kcla', mode)])
         label = 'eval forward' if mode == 'eval' else 'train step (fwd+bwd)'
@@ -110,6 +116,8 @@ def main():
               f'ResNet {base * 1e3:8.1f} ms  KCLA {kcla * 1e3:8.1f} ms  '
               f'ratio {kcla / base:.3f}')
 
+    if 'train' not in args.modes:
+        return
     memory = {}
     for name, model in models.items():
         model.train()

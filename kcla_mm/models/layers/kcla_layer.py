@@ -47,6 +47,46 @@ def _at_least_fp32(t: Tensor) -> Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def head_scaled_add(base: Optional[Tensor], scale: Tensor,
+                    t: Tensor) -> Tensor:
+    """``base + scale * t`` with one scale per (sample, head).
+
+    ``t`` and ``base`` are (N, C, H, W), ``scale`` is (N, heads); the result
+    has at least ``scale``'s precision (the state is never fp16). In
+    full precision this runs as a batched outer product: its backward gets
+    the scale's gradient from a dot product, where an elementwise
+    multiply would first write a state-sized product to memory.
+    """
+    n, heads = scale.shape
+    if t.dtype == scale.dtype and not torch.is_autocast_enabled(
+            t.device.type):
+        flat = (n * heads, 1, -1)
+        scale_3d = scale.reshape(n * heads, 1, 1)
+        if base is None:
+            out = torch.bmm(scale_3d, t.reshape(flat))
+        else:
+            out = torch.baddbmm(base.reshape(flat), scale_3d,
+                                t.reshape(flat))
+        return out.view(t.shape)
+    # Low precision: elementwise ops promote to the scale's fp32 (bmm would
+    # be autocast to fp16).
+    t_heads = t.reshape(n, heads, -1)
+    scale_3d = scale[..., None]
+    if base is None:
+        return (t_heads * scale_3d).view(t.shape)
+    return torch.addcmul(base.reshape(n, heads, -1), t_heads,
+                         scale_3d).view(t.shape)
+
+
+def spatial_mean(x: Tensor) -> Tensor:
+    """Global average pool to (N, C).
+
+    ``sum / HW`` rather than ``mean``: mean's backward writes a full-size
+    gradient, sum's is a broadcast view.
+    """
+    return x.sum((2, 3)) / (x.shape[2] * x.shape[3])
+
+
 def eca_kernel_size(channels: int, gamma: int = 2, beta: int = 1) -> int:
     """Kernel size of an ECA 1-D conv over ``channels`` (always odd)."""
     t = int(abs((math.log(channels, 2) + beta) / gamma))
@@ -192,20 +232,17 @@ class KCLALayer(BaseModule):
 
     def renormalise(self, state: KCLAState) -> KCLAState:
         """Algorithm 1: carry the state across a change of width or size."""
-        # The incoming state is split into the previous stage's heads.
-        n, _, h, w = state.u.shape
-        a = (state.u.view(n, state.z.shape[1], -1, h, w) /
-             state.z[..., None, None, None]).flatten(1, 2)
+        # A = U / Z, with Z split into the previous stage's heads.
+        a = head_scaled_add(None, state.z.reciprocal(), state.u)
         # The state is fp32; a half-precision model (no autocast) needs its
         # own dtype here.
         a = a.to(self.value_conv.weight.dtype)
         if self.state_adapt is not None:
             a = self.state_adapt(a)
         a = self.state_norm(a)
-        key = self._pooled_conv(self.state_key_conv, a.mean((2, 3)))
+        key = self._pooled_conv(self.state_key_conv, spatial_mean(a))
         z = self._layer_weight(key.norm(dim=2))
-        u = self._heads(_at_least_fp32(a)) * z[..., None, None, None]
-        return KCLAState(u.flatten(1, 2), z)
+        return KCLAState(head_scaled_add(None, z, a), z)
 
     def forward(self, x: Tensor,
                 state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:
@@ -213,7 +250,7 @@ class KCLALayer(BaseModule):
         if state is not None and self.renorm:
             state = self.renormalise(state)
 
-        pooled = x.mean((2, 3))
+        pooled = spatial_mean(x)
         query = self._pooled_conv(self.query_conv, pooled)
         key = self._pooled_conv(self.key_conv, pooled)
         k_norm = key.norm(dim=2)
@@ -224,20 +261,15 @@ class KCLALayer(BaseModule):
             _at_least_fp32(
                 self.head_mix(q_cos.to(self.head_mix.weight.dtype))))
 
-        weight_5d = weight[..., None, None, None]
         if state is None:
-            u = (self._heads(x) * weight_5d).flatten(1, 2)
-            z = weight
+            u, z = head_scaled_add(None, weight, x), weight
+        elif torch.is_grad_enabled():
+            u, z = head_scaled_add(state.u, weight, x), state.z + weight
         else:
-            z = state.z + weight
-            if torch.is_grad_enabled():
-                u = torch.addcmul(
-                    self._heads(state.u), self._heads(x),
-                    weight_5d).flatten(1, 2)
-            else:
-                # Nothing else holds the old state in inference.
-                u = state.u
-                self._heads(u).addcmul_(self._heads(x), weight_5d)
+            # Nothing else holds the old state in inference: update in place.
+            u, z = state.u, state.z + weight
+            self._heads(u).addcmul_(self._heads(x), weight[..., None, None,
+                                                           None])
         # gate * DWConv(U / (Z + eps)) == DWConv(U * gate / (Z + eps)).
         out = self._value(u, gate / (z + STATE_EPS), x.dtype)
         if self.training and self.drop_path > 0:

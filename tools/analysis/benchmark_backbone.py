@@ -7,11 +7,13 @@ ratios. It asserts nothing: speed is a measurement, not a test.
     python tools/analysis/benchmark_backbone.py --depth 50 --threads 1
 """
 import argparse
+import logging
 import statistics
 import time
 from typing import Callable, Dict
 
 import torch
+from mmengine.logging import MMLogger
 from mmdet.models.backbones import ResNet
 
 from kcla_mm.models import KCLAResNet
@@ -36,6 +38,8 @@ def parse_args():
 
 def build_models(depth: int, device: str) -> Dict[str, torch.nn.Module]:
     torch.manual_seed(0)
+    # init_weights() logs one INFO record per parameter.
+    MMLogger.get_current_instance().setLevel(logging.WARNING)
     # norm_eval=False: a train step should update BN statistics as in
     # ImageNet training; the same settings for both models.
     common = dict(depth=depth, norm_eval=False, frozen_stages=-1)

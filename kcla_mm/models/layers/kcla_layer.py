@@ -34,9 +34,10 @@ class KCLAState(NamedTuple):
 
     Attributes:
         u (Tensor): Weighted sum of the block outputs seen so far, U^t, of
-            shape (N, C, H, W), always fp32.
+            shape (N, C, H, W); fp32 (fp64 in a float64 model) even when
+            the activations are fp16/bf16.
         z (Tensor): Per-head normaliser Z^t = sum of the layer weights, of
-            shape (N, num_heads), always fp32.
+            shape (N, num_heads), in the same precision as ``u``.
     """
     u: Tensor
     z: Tensor

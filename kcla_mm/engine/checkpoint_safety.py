@@ -1,0 +1,50 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""Resume mmengine training checkpoints with ``torch.load(weights_only=True)``.
+
+torch >= 2.6 loads checkpoints with ``weights_only=True``: only tensors and
+plain containers unless a type is allow-listed. mmengine 0.10.7 stores its
+MessageHub (``HistoryBuffer`` objects holding numpy arrays and scalars) in
+every training checkpoint, so ``--resume`` (and testing a training
+checkpoint) fails out of the box. We allow-list exactly those types, rather
+than switching the safety off.
+"""
+import pickle
+from collections import Counter
+
+import numpy as np
+import torch
+from mmengine.logging import HistoryBuffer
+
+
+def _numpy_types():
+    try:  # numpy >= 1.25 keeps _reconstruct under numpy.core (numpy._core in 2)
+        from numpy.core.multiarray import _reconstruct, scalar
+    except ImportError:  # pragma: no cover - numpy 2
+        from numpy._core.multiarray import _reconstruct, scalar
+    dtype_classes = [type(np.dtype(t)) for t in (
+        np.float64, np.float32, np.float16, np.int64, np.int32, np.bool_)]
+    return [_reconstruct, scalar, np.ndarray, np.dtype, *dtype_classes]
+
+
+# HistoryBuffer pickles its statistics methods as getattr(HistoryBuffer,
+# 'min'), etc. Allowing the builtin getattr would let a checkpoint reach any
+# attribute of any allowed object; this stand-in reaches only these.
+_HISTORY_BUFFER_METHODS = ('min', 'max', 'mean', 'current')
+
+
+def _history_buffer_getattr(obj, name: str):
+    if obj is HistoryBuffer and name in _HISTORY_BUFFER_METHODS:
+        return getattr(HistoryBuffer, name)
+    raise pickle.UnpicklingError(
+        f'checkpoint asks for getattr({obj!r}, {name!r}); only '
+        f'HistoryBuffer.{{{", ".join(_HISTORY_BUFFER_METHODS)}}} are allowed')
+
+
+def allow_mmengine_checkpoint_types() -> None:
+    """Registers the non-tensor types of an mmengine training checkpoint as
+    safe for ``torch.load(weights_only=True)``."""
+    torch.serialization.add_safe_globals([
+        HistoryBuffer, Counter, *_numpy_types(),
+        (_history_buffer_getattr, '__builtin__.getattr'),
+        (_history_buffer_getattr, 'builtins.getattr'),
+    ])

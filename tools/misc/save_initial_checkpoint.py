@@ -1,0 +1,41 @@
+"""Save a config's model as initialised, before any training step.
+
+    python tools/misc/save_initial_checkpoint.py CONFIG OUT.pth
+
+Testing this checkpoint with tools/test.py gives the untrained baseline that
+a trained model's metrics should clearly beat.
+"""
+import argparse
+import os.path as osp
+import sys
+
+import torch
+from mmengine.config import Config, DictAction
+from mmengine.registry import MODELS, init_default_scope
+
+sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
+
+import kcla_mm  # noqa: E402,F401
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('config')
+    parser.add_argument('out')
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    args = parser.parse_args(argv)
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    torch.manual_seed(args.seed)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    torch.save(dict(state_dict=model.state_dict(), meta=dict(seed=args.seed)),
+               args.out)
+    print(f'saved the initial weights of {args.config} to {args.out}')
+
+
+if __name__ == '__main__':
+    main()

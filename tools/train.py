@@ -1,0 +1,93 @@
+"""Train a detector or segmentor with a KCLA backbone (mmdet/mmseg style).
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [PATH]] [--amp]
+        [--cfg-options data_root=data/coco/ KEY=VALUE ...]
+        [--launcher none|pytorch|slurm|mpi]
+
+The config's ``default_scope`` (mmdet or mmseg) decides the registries.
+``--cfg-options data_root=PATH`` re-points every dataset and evaluator.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+from mmengine.config import Config, DictAction
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
+
+import kcla_mm  # noqa: E402,F401  registers KCLA modules in mmdet and mmseg
+from kcla_mm.engine import (allow_mmengine_checkpoint_types,  # noqa: E402
+                            check_pretrained_files, init_distributed_on_cpu,
+                            load_config)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Train a model')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument(
+        '--amp', action='store_true', help='automatic mixed precision')
+    parser.add_argument(
+        '--auto-scale-lr', action='store_true',
+        help='scale the learning rate with the total batch size')
+    parser.add_argument(
+        '--resume', nargs='?', type=str, const='auto',
+        help='resume from PATH, or from the latest checkpoint in the work '
+        'dir when no PATH is given')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config settings, KEY=VALUE; data_root=PATH re-points '
+        'every dataset')
+    parser.add_argument(
+        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def build_cfg(args) -> Config:
+    cfg = load_config(args.config, args.cfg_options, args.launcher,
+                      args.work_dir)
+    if args.amp:
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.loss_scale = 'dynamic'
+    if args.auto_scale_lr:
+        if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
+            raise ValueError(f'{args.config}: --auto-scale-lr needs '
+                             'auto_scale_lr.base_batch_size in the config')
+        cfg.auto_scale_lr.enable = True
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        if not osp.isfile(args.resume):
+            raise FileNotFoundError(f'--resume {args.resume}: no such file')
+        cfg.resume = True
+        cfg.load_from = args.resume
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        cfg = build_cfg(args)
+        # Before the runner builds datasets: a missing backbone checkpoint
+        # should not surface only after minutes of annotation loading.
+        check_pretrained_files(cfg)
+    except (FileNotFoundError, ValueError) as exc:
+        sys.exit(f'error: {exc}')
+    allow_mmengine_checkpoint_types()
+    init_distributed_on_cpu(cfg)
+    runner = (Runner.from_cfg(cfg)
+              if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()

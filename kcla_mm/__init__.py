@@ -1,4 +1,7 @@
 from .version import __version__
-from .models import KCLALayer, KCLAResNet, KCLAState
+from . import datasets, evaluation  # noqa: F401  registers into mmseg
+from .models import KCLALayer, KCLAResNet, KCLAState, UNetHead
 
-__all__ = ['__version__', 'KCLAResNet', 'KCLALayer', 'KCLAState']
+__all__ = [
+    '__version__', 'KCLAResNet', 'KCLALayer', 'KCLAState', 'UNetHead'
+]

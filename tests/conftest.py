@@ -21,6 +21,6 @@ def _quiet_and_seeded():
     logger.setLevel(level)
 
 
-@pytest.fixture
+@pytest.fixture(scope='session')
 def repo_root():
     return ROOT

@@ -21,12 +21,12 @@ CONFIGS = {
 
 
 @pytest.fixture(scope='module')
-def coco_root(tmp_path_factory):
+def coco_root(tmp_path_factory, repo_root):
     root = tmp_path_factory.mktemp('synthetic_coco')
     subprocess.run(
         [sys.executable, 'tools/misc/make_synthetic_coco.py', str(root),
          '--train', '2', '--val', '2', '--size', '96', '--seed', '1'],
-        check=True, capture_output=True)
+        check=True, capture_output=True, cwd=repo_root)
     return root
 
 

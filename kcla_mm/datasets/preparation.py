@@ -1,0 +1,148 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""Turn the official medical segmentation archives, as extracted, into the
+mmseg layout (img_dir/{split}, ann_dir/{split}, masks 0/1 png).
+
+Every image must have exactly one mask and every mask one image; an
+unmatched or unreadable file stops the conversion with an error naming it,
+so that nothing is dropped silently.
+"""
+import os
+import os.path as osp
+import random
+import shutil
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import cv2
+import numpy as np
+
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
+
+
+class PreparationError(RuntimeError):
+    """A file of the raw archive that cannot be converted."""
+
+
+@dataclass
+class Sample:
+    name: str  # output file stem
+    image: str
+    mask: str
+
+
+def list_files(folder: str, extensions=IMAGE_EXTENSIONS,
+               exclude_suffixes: Sequence[str] = ()) -> Dict[str, str]:
+    """stem -> path of the files in ``folder`` with one of ``extensions``,
+    skipping stems that end with one of ``exclude_suffixes``."""
+    if not osp.isdir(folder):
+        raise PreparationError(f'{folder}: folder not found')
+    files = {}
+    for entry in sorted(os.listdir(folder)):
+        stem, ext = osp.splitext(entry)
+        if ext.lower() not in extensions or stem.endswith(
+                tuple(exclude_suffixes)):
+            continue
+        if stem in files:
+            raise PreparationError(
+                f'{osp.join(folder, entry)}: a second file for {stem!r} '
+                f'(also {files[stem]})')
+        files[stem] = osp.join(folder, entry)
+    return files
+
+
+def pair_images_and_masks(image_dir: str, mask_dir: str,
+                          mask_stem: Callable[[str], str],
+                          image_exclude: Sequence[str] = ()) -> List[Sample]:
+    """Pairs each image with the mask named ``mask_stem(image_stem)``."""
+    images = list_files(image_dir, exclude_suffixes=image_exclude)
+    masks = list_files(mask_dir)
+    if not images:
+        raise PreparationError(f'{image_dir}: no images found')
+    samples = []
+    expected_masks = {}
+    for stem, path in images.items():
+        wanted = mask_stem(stem)
+        expected_masks[wanted] = path
+        if wanted not in masks:
+            raise PreparationError(
+                f'{path}: no mask {wanted}.* in {mask_dir}')
+        samples.append(Sample(stem, path, masks[wanted]))
+    for stem, path in masks.items():
+        if stem not in expected_masks:
+            raise PreparationError(
+                f'{path}: mask without an image in {image_dir}')
+    return samples
+
+
+def read_binary_mask(path: str, threshold: int = 128) -> np.ndarray:
+    """Reads a 0/255 (or jpg-noisy) mask and returns 0/1 uint8."""
+    mask = cv2.imread(path, cv2.IMREAD_GRAYSCALE)
+    if mask is None:
+        raise PreparationError(f'{path}: unreadable mask')
+    return (mask >= threshold).astype(np.uint8)
+
+
+def write_sample(sample: Sample, out: str, split: str,
+                 size: Optional[Tuple[int, int]] = None,
+                 threshold: int = 128) -> None:
+    img_dir = osp.join(out, 'img_dir', split)
+    ann_dir = osp.join(out, 'ann_dir', split)
+    os.makedirs(img_dir, exist_ok=True)
+    os.makedirs(ann_dir, exist_ok=True)
+    image = cv2.imread(sample.image, cv2.IMREAD_COLOR)
+    if image is None:
+        raise PreparationError(f'{sample.image}: unreadable image')
+    mask = read_binary_mask(sample.mask, threshold)
+    if mask.shape != image.shape[:2]:
+        raise PreparationError(
+            f'{sample.mask}: mask size {mask.shape[::-1]} differs from the '
+            f'image {sample.image} ({image.shape[1::-1]})')
+    image_out = osp.join(img_dir, sample.name + '.jpg')
+    if size is None and sample.image.lower().endswith(('.jpg', '.jpeg')):
+        shutil.copyfile(sample.image, image_out)  # no re-encoding
+    else:
+        if size is not None:
+            image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+        cv2.imwrite(image_out, image, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    if size is not None:
+        mask = cv2.resize(mask, size, interpolation=cv2.INTER_NEAREST)
+    cv2.imwrite(osp.join(ann_dir, sample.name + '.png'), mask)
+
+
+def write_splits(splits: Dict[str, List[Sample]], out: str,
+                 size: Optional[Tuple[int, int]] = None,
+                 threshold: int = 128) -> Dict[str, int]:
+    for split, samples in splits.items():
+        for sample in samples:
+            write_sample(sample, out, split, size, threshold)
+    return {split: len(samples) for split, samples in splits.items()}
+
+
+def random_split(samples: List[Sample], counts: Dict[str, int],
+                 seed: int) -> Dict[str, List[Sample]]:
+    """Shuffles with ``seed`` and cuts into consecutive splits of the given
+    sizes (the last split takes the rest when its count is -1)."""
+    order = sorted(samples, key=lambda s: s.name)
+    random.Random(seed).shuffle(order)
+    splits, start = {}, 0
+    for i, (split, count) in enumerate(counts.items()):
+        last = i == len(counts) - 1
+        end = len(order) if (last and count == -1) else start + count
+        if end > len(order) or (last and end != len(order)):
+            raise PreparationError(
+                f'cannot split {len(order)} samples into {dict(counts)}')
+        splits[split] = order[start:end]
+        start = end
+    return splits
+
+
+def ratio_counts(total: int, val_ratio: float,
+                 test_ratio: float) -> Dict[str, int]:
+    if not (0 <= val_ratio < 1 and 0 <= test_ratio < 1
+            and val_ratio + test_ratio < 1):
+        raise PreparationError(
+            f'--val-ratio={val_ratio} and --test-ratio={test_ratio} must be '
+            'in [0, 1) with a sum below 1')
+    n_val = round(total * val_ratio)
+    n_test = round(total * test_ratio)
+    return dict(train=total - n_val - n_test, val=n_val, test=n_test)

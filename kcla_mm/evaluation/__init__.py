@@ -1,0 +1,3 @@
+from .foreground_iou_metric import ForegroundIoUMetric
+
+__all__ = ['ForegroundIoUMetric']

@@ -1,0 +1,3 @@
+from .unet_head import UNetHead
+
+__all__ = ['UNetHead']

@@ -8,18 +8,20 @@ CHECKPOINT may be a training checkpoint of tools/train.py: it is loaded
 with weights_only=True, with mmengine's logging types allow-listed.
 """
 import argparse
-import os
 import os.path as osp
 import sys
 
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 
 import kcla_mm  # noqa: E402,F401  registers KCLA modules in mmdet and mmseg
-from kcla_mm.engine import (allow_mmengine_checkpoint_types,  # noqa: E402
+from kcla_mm.engine import (add_runner_arguments,  # noqa: E402
+                            allow_mmengine_checkpoint_types,
+                            close_distributed,
+                            export_local_rank,
                             init_distributed_on_cpu, load_config)
 
 
@@ -34,17 +36,9 @@ def parse_args(argv=None):
     parser.add_argument(
         '--show-dir', help='save images with predictions drawn to this '
         'directory (relative to the work dir\'s timestamped folder)')
-    parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
-        help='override config settings, KEY=VALUE; data_root=PATH re-points '
-        'every dataset')
-    parser.add_argument(
-        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    add_runner_arguments(parser)
     args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    export_local_rank(args)
     return args
 
 
@@ -81,9 +75,12 @@ def main(argv=None):
             dict(type='DumpDetResults', out_file_path=args.out))
     allow_mmengine_checkpoint_types()
     init_distributed_on_cpu(cfg)
-    runner = (Runner.from_cfg(cfg)
-              if 'runner_type' not in cfg else RUNNERS.build(cfg))
-    runner.test()
+    try:
+        runner = (Runner.from_cfg(cfg)
+                  if 'runner_type' not in cfg else RUNNERS.build(cfg))
+        runner.test()
+    finally:
+        close_distributed()
 
 
 if __name__ == '__main__':

@@ -8,18 +8,20 @@ The config's ``default_scope`` (mmdet or mmseg) decides the registries.
 ``--cfg-options data_root=PATH`` re-points every dataset and evaluator.
 """
 import argparse
-import os
 import os.path as osp
 import sys
 
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 
 import kcla_mm  # noqa: E402,F401  registers KCLA modules in mmdet and mmseg
-from kcla_mm.engine import (allow_mmengine_checkpoint_types,  # noqa: E402
+from kcla_mm.engine import (add_runner_arguments,  # noqa: E402
+                            allow_mmengine_checkpoint_types,
+                            close_distributed,
+                            export_local_rank,
                             check_pretrained_files, init_distributed_on_cpu,
                             load_config)
 
@@ -37,17 +39,9 @@ def parse_args(argv=None):
         '--resume', nargs='?', type=str, const='auto',
         help='resume from PATH, or from the latest checkpoint in the work '
         'dir when no PATH is given')
-    parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
-        help='override config settings, KEY=VALUE; data_root=PATH re-points '
-        'every dataset')
-    parser.add_argument(
-        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    add_runner_arguments(parser)
     args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    export_local_rank(args)
     return args
 
 
@@ -84,9 +78,12 @@ def main(argv=None):
         sys.exit(f'error: {exc}')
     allow_mmengine_checkpoint_types()
     init_distributed_on_cpu(cfg)
-    runner = (Runner.from_cfg(cfg)
-              if 'runner_type' not in cfg else RUNNERS.build(cfg))
-    runner.train()
+    try:
+        runner = (Runner.from_cfg(cfg)
+                  if 'runner_type' not in cfg else RUNNERS.build(cfg))
+        runner.train()
+    finally:
+        close_distributed()
 
 
 if __name__ == '__main__':

@@ -1,10 +1,12 @@
 from .checkpoint_safety import allow_mmengine_checkpoint_types
-from .config_utils import (check_pretrained_files, cpu_distributed_defaults,
-                           init_distributed_on_cpu, load_config,
-                           set_data_root)
+from .config_utils import (add_runner_arguments, check_pretrained_files,
+                           close_distributed, cpu_distributed_defaults,
+                           export_local_rank, init_distributed_on_cpu,
+                           load_config, set_data_root)
 
 __all__ = [
-    'allow_mmengine_checkpoint_types', 'check_pretrained_files',
-    'cpu_distributed_defaults', 'init_distributed_on_cpu', 'load_config',
-    'set_data_root'
+    'add_runner_arguments', 'allow_mmengine_checkpoint_types',
+    'check_pretrained_files', 'close_distributed',
+    'cpu_distributed_defaults', 'export_local_rank',
+    'init_distributed_on_cpu', 'load_config', 'set_data_root'
 ]

@@ -1,10 +1,12 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 """Config adjustments shared by tools/train.py and tools/test.py."""
+import argparse
+import os
 import os.path as osp
 from typing import Iterator, Optional, Tuple
 
 import torch
-from mmengine.config import Config, ConfigDict
+from mmengine.config import Config, ConfigDict, DictAction
 
 # init_cfg checkpoints that mmengine fetches itself (not local files).
 _REMOTE_PREFIXES = ('http://', 'https://', 'torchvision://', 'open-mmlab://',
@@ -137,3 +139,29 @@ def load_config(path: str, cfg_options: Optional[dict], launcher: str,
                                 osp.splitext(osp.basename(path))[0])
     cpu_distributed_defaults(cfg)
     return cfg
+
+
+def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options tools/train.py and tools/test.py share with mmdet's."""
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config settings, KEY=VALUE; data_root=PATH re-points '
+        'every dataset')
+    parser.add_argument(
+        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none', help='job launcher')
+    # torch.distributed.launch passes --local-rank (torchrun sets LOCAL_RANK)
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def export_local_rank(args: argparse.Namespace) -> None:
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+
+
+def close_distributed() -> None:
+    """Destroys the process group, if any, before the interpreter exits:
+    a gloo group left alive can abort the process at exit ("terminate
+    called without an active exception") after a successful run."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -44,15 +44,10 @@ val_dataloader = dict(
             img_path='img_dir/val', seg_map_path='ann_dir/val'),
         pipeline=test_pipeline))
 test_dataloader = dict(
-    batch_size=1,
-    num_workers=2,
-    persistent_workers=True,
-    sampler=dict(type='DefaultSampler', shuffle=False),
+    val_dataloader,
     dataset=dict(
-        type=dataset_type,
-        data_root=data_root,
+        val_dataloader['dataset'],
         data_prefix=dict(
-            img_path='img_dir/test', seg_map_path='ann_dir/test'),
-        pipeline=test_pipeline))
+            img_path='img_dir/test', seg_map_path='ann_dir/test')))
 val_evaluator = dict(type='ForegroundIoUMetric', iou_metrics=['mIoU', 'mDice'])
 test_evaluator = val_evaluator

@@ -1,59 +1,13 @@
 # Kvasir-SEG in the layout of tools/dataset_converters/prepare_kvasir.py
-# (880 train / 120 val; the val split doubles as the test split), at 256x256
-# with flips and rotations; IoU and Dice (overall and polyp).
+# (880 train / 120 val; the val split doubles as the test split): the ISIC
+# 2017 settings with its own dataset and root.
+_base_ = './isic2017.py'
 dataset_type = 'KvasirSEGDataset'
 data_root = 'data/kvasir-seg/'
-image_size = (256, 256)
-train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations'),
-    dict(type='Resize', scale=image_size, keep_ratio=False),
-    dict(type='RandomFlip', prob=0.5, direction='horizontal'),
-    dict(type='RandomFlip', prob=0.5, direction='vertical'),
-    # rotated-in corners get seg_pad_val=255 and are ignored by the loss
-    dict(type='RandomRotate', prob=0.5, degree=30),
-    dict(type='PackSegInputs')
-]
-test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=image_size, keep_ratio=False),
-    dict(type='LoadAnnotations'),
-    dict(type='PackSegInputs')
-]
-
-
-train_dataloader = dict(
-    batch_size=8,
-    num_workers=2,
-    persistent_workers=True,
-    sampler=dict(type='InfiniteSampler', shuffle=True),
-    dataset=dict(
-        type=dataset_type,
-        data_root=data_root,
-        data_prefix=dict(
-            img_path='img_dir/train', seg_map_path='ann_dir/train'),
-        pipeline=train_pipeline))
-val_dataloader = dict(
-    batch_size=1,
-    num_workers=2,
-    persistent_workers=True,
-    sampler=dict(type='DefaultSampler', shuffle=False),
-    dataset=dict(
-        type=dataset_type,
-        data_root=data_root,
-        data_prefix=dict(
-            img_path='img_dir/val', seg_map_path='ann_dir/val'),
-        pipeline=test_pipeline))
+_dataset = dict(type=dataset_type, data_root=data_root)
+train_dataloader = dict(dataset=_dataset)
+val_dataloader = dict(dataset=_dataset)
 test_dataloader = dict(
-    batch_size=1,
-    num_workers=2,
-    persistent_workers=True,
-    sampler=dict(type='DefaultSampler', shuffle=False),
     dataset=dict(
-        type=dataset_type,
-        data_root=data_root,
-        data_prefix=dict(
-            img_path='img_dir/val', seg_map_path='ann_dir/val'),
-        pipeline=test_pipeline))
-val_evaluator = dict(type='ForegroundIoUMetric', iou_metrics=['mIoU', 'mDice'])
-test_evaluator = val_evaluator
+        _dataset,
+        data_prefix=dict(img_path='img_dir/val', seg_map_path='ann_dir/val')))

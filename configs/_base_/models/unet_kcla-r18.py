@@ -43,3 +43,18 @@ model = dict(
         ]),
     train_cfg=dict(),
     test_cfg=dict(mode='whole'))
+
+# The plain ResNet-18 encoder of the same width, for the unet_r18_* configs:
+# model = dict(backbone=plain_r18_backbone) replaces the KCLA encoder.
+plain_r18_backbone = dict(
+    _delete_=True,
+    type='ResNet',
+    depth=18,
+    base_channels=32,
+    out_indices=(0, 1, 2, 3),
+    frozen_stages=-1,
+    norm_cfg=norm_cfg,
+    norm_eval=False,
+    style='pytorch',
+    contract_dilation=True,
+    init_cfg=None)

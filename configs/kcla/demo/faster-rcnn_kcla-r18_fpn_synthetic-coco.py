@@ -75,3 +75,4 @@ auto_scale_lr = dict(enable=False)
 default_hooks = dict(
     logger=dict(interval=10),
     checkpoint=dict(interval=max_epochs, max_keep_ckpts=1))
+randomness = dict(seed=0)

@@ -13,7 +13,7 @@ setup:
 	bash scripts/setup_venv.sh
 
 # Generate a synthetic COCO set, train Faster R-CNN with a KCLA-ResNet-18
-# from scratch on CPU (about 8 minutes on 2 cores), then test it with
+# from scratch on CPU (about 7 minutes on 2 cores), then test it with
 # mmdet's CocoMetric: the last lines give bbox mAP and mAP@0.5.
 demo: setup
 	$(PY) tools/misc/make_synthetic_coco.py $(DEMO_DATA) --train 200 --val 50 --size 256 --seed 0

@@ -11,6 +11,7 @@ import argparse
 import os.path as osp
 import sys
 
+import torch
 from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
@@ -49,6 +50,9 @@ def build_cfg(args) -> Config:
     cfg = load_config(args.config, args.cfg_options, args.launcher,
                       args.work_dir)
     if args.amp:
+        if not torch.cuda.is_available():
+            raise ValueError('--amp needs a CUDA device: mmengine 0.10.7\'s '
+                             'AmpOptimWrapper does not run on the CPU')
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.loss_scale = 'dynamic'
     if args.auto_scale_lr:

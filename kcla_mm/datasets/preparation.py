@@ -18,6 +18,26 @@ import numpy as np
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 
+# The official ISIC Task 1 folders, as extracted: split -> (images, masks).
+ISIC_LAYOUTS = {
+    2017: {
+        'train': ('ISIC-2017_Training_Data',
+                  'ISIC-2017_Training_Part1_GroundTruth'),
+        'val': ('ISIC-2017_Validation_Data',
+                'ISIC-2017_Validation_Part1_GroundTruth'),
+        'test': ('ISIC-2017_Test_v2_Data',
+                 'ISIC-2017_Test_v2_Part1_GroundTruth'),
+    },
+    2018: {
+        'train': ('ISIC2018_Task1-2_Training_Input',
+                  'ISIC2018_Task1_Training_GroundTruth'),
+        'val': ('ISIC2018_Task1-2_Validation_Input',
+                'ISIC2018_Task1_Validation_GroundTruth'),
+        'test': ('ISIC2018_Task1-2_Test_Input',
+                 'ISIC2018_Task1_Test_GroundTruth'),
+    },
+}
+
 
 class PreparationError(RuntimeError):
     """A file of the raw archive that cannot be converted."""

@@ -25,27 +25,9 @@ import sys
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
 
 from kcla_mm.datasets.preparation import (  # noqa: E402
-    PreparationError, pair_images_and_masks, random_split, ratio_counts,
-    write_splits)
+    ISIC_LAYOUTS, PreparationError, pair_images_and_masks, random_split,
+    ratio_counts, write_splits)
 
-LAYOUTS = {
-    2017: {
-        'train': ('ISIC-2017_Training_Data',
-                  'ISIC-2017_Training_Part1_GroundTruth'),
-        'val': ('ISIC-2017_Validation_Data',
-                'ISIC-2017_Validation_Part1_GroundTruth'),
-        'test': ('ISIC-2017_Test_v2_Data',
-                 'ISIC-2017_Test_v2_Part1_GroundTruth'),
-    },
-    2018: {
-        'train': ('ISIC2018_Task1-2_Training_Input',
-                  'ISIC2018_Task1_Training_GroundTruth'),
-        'val': ('ISIC2018_Task1-2_Validation_Input',
-                'ISIC2018_Task1_Validation_GroundTruth'),
-        'test': ('ISIC2018_Task1-2_Test_Input',
-                 'ISIC2018_Task1_Test_GroundTruth'),
-    },
-}
 
 
 def parse_args(argv=None):
@@ -53,7 +35,7 @@ def parse_args(argv=None):
         description='Convert ISIC 2017/2018 Task 1 to the mmseg layout')
     parser.add_argument('raw', help='folder with the extracted archives')
     parser.add_argument('out', help='output data_root')
-    parser.add_argument('--year', type=int, choices=sorted(LAYOUTS),
+    parser.add_argument('--year', type=int, choices=sorted(ISIC_LAYOUTS),
                         required=True)
     parser.add_argument('--val-ratio', type=float, default=0.1,
                         help='2018 with only the training part: share of '
@@ -68,7 +50,8 @@ def parse_args(argv=None):
 
 
 def collect(raw: str, year: int, split: str):
-    image_dir, mask_dir = (osp.join(raw, d) for d in LAYOUTS[year][split])
+    image_dir, mask_dir = (
+        osp.join(raw, d) for d in ISIC_LAYOUTS[year][split])
     return pair_images_and_masks(
         image_dir, mask_dir,
         mask_stem=lambda stem: f'{stem}_segmentation',
@@ -77,7 +60,7 @@ def collect(raw: str, year: int, split: str):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    layout = LAYOUTS[args.year]
+    layout = ISIC_LAYOUTS[args.year]
     try:
         present = {
             split: osp.isdir(osp.join(args.raw, layout[split][0]))

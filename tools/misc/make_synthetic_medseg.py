@@ -15,27 +15,19 @@ with compression noise). --count is split over train/val/test for ISIC
 import argparse
 import os
 import os.path as osp
+import sys
 
 import cv2
 import numpy as np
 
+sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
+
+from kcla_mm.datasets.preparation import ISIC_LAYOUTS  # noqa: E402
+
+# The official folder names, as prepare_isic.py reads them.
 ISIC_FOLDERS = {
-    'isic2017': {
-        'train': ('ISIC-2017_Training_Data',
-                  'ISIC-2017_Training_Part1_GroundTruth'),
-        'val': ('ISIC-2017_Validation_Data',
-                'ISIC-2017_Validation_Part1_GroundTruth'),
-        'test': ('ISIC-2017_Test_v2_Data',
-                 'ISIC-2017_Test_v2_Part1_GroundTruth'),
-    },
-    'isic2018': {
-        'train': ('ISIC2018_Task1-2_Training_Input',
-                  'ISIC2018_Task1_Training_GroundTruth'),
-        'val': ('ISIC2018_Task1-2_Validation_Input',
-                'ISIC2018_Task1_Validation_GroundTruth'),
-        'test': ('ISIC2018_Task1-2_Test_Input',
-                 'ISIC2018_Task1_Test_GroundTruth'),
-    },
+    'isic2017': ISIC_LAYOUTS[2017],
+    'isic2018': ISIC_LAYOUTS[2018],
 }
 
 

@@ -212,7 +212,8 @@ def test_autocast_state_does_not_overflow_at_depth_152(dtype):
 @pytest.mark.parametrize('kwargs, message', [
     (dict(depth=42), 'depth=42'),
     (dict(depth=50, strides=(1, 2, 2)), r'strides=\(1, 2, 2\)'),
-    (dict(depth=50, dilations=(1, 1, 1, 1, 1)), r'dilations=\(1, 1, 1, 1, 1\)'),
+    (dict(depth=50, dilations=(1, 1, 1, 1, 1)),
+     r'dilations=\(1, 1, 1, 1, 1\)'),
     (dict(depth=18, head_dim=48), 'head_dim=48'),
 ])
 def test_bad_arguments_name_the_field(kwargs, message):

@@ -17,7 +17,7 @@ from mmengine.logging import HistoryBuffer
 
 
 def _numpy_types():
-    try:  # numpy >= 1.25 keeps _reconstruct under numpy.core (numpy._core in 2)
+    try:  # numpy 1.x; numpy 2 moved these to numpy._core
         from numpy.core.multiarray import _reconstruct, scalar
     except ImportError:  # pragma: no cover - numpy 2
         from numpy._core.multiarray import _reconstruct, scalar

@@ -72,7 +72,6 @@ class UNetHead(BaseDecodeHead):
             raise ValueError(
                 f'decoder_channels[-1]={decoder_channels[-1]} must equal '
                 f'channels={self.channels}')
-        self.extra_upsamples = extra_upsamples
         skips = list(in_channels[-2::-1]) + [0] * extra_upsamples
         blocks: List[UpBlock] = []
         previous = in_channels[-1]

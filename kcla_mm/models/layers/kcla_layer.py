@@ -288,18 +288,17 @@ class KCLALayer(BaseModule):
 
         ``scale`` has shape (N, heads).
         """
-        scale_5d = scale[..., None, None, None]
         if u.dtype != dtype or torch.is_autocast_enabled(u.device.type):
             # The raw state may exceed the fp16 range: scale it first (the
             # scaled state is a convex mix of the block outputs).
-            v = (self._heads(u) * scale_5d).flatten(1, 2).to(dtype)
+            v = head_scaled_add(None, scale, u).to(dtype)
             return F.relu(self.norm(self.value_conv(v)), inplace=True)
 
         n, c = u.shape[:2]
         # Per-sample, per-channel scale folded into a depthwise kernel of
         # N * C groups: (N, heads, head_dim, 3, 3).
         weight = self._heads(self.value_conv.weight.view(1, c, 3, 3))
-        weight = weight * scale_5d
+        weight = weight * scale[..., None, None, None]
         bias = None
         norm = self.norm
         fold_norm = (

@@ -11,7 +11,7 @@ command -v "$py" >/dev/null 2>&1 || py=python3
 wheels="$root/../shared/wheels"
 
 # The stamp covers everything that decides what gets installed.
-stamp_src=$(cat "$root/scripts/setup_venv.sh" "$root/setup.py" "$root/requirements.txt")
+stamp_src=$(cat "$root/scripts/setup_venv.sh" "$root/setup.py" "$root/requirements.txt" "$root/requirements-mim.txt")
 stamp_hash=$(printf '%s' "$stamp_src" | sha256sum | cut -d' ' -f1)
 stamp="$venv/.kcla_mm_setup_done"
 
@@ -27,7 +27,9 @@ except Exception as exc:  # pragma: no cover - install diagnostics
              f'load: {exc!r}). mmdet needs them for RoIAlign/NMS. Remove .venv and '
              're-run setup; when building from source use MMCV_WITH_OPS=1 '
              'FORCE_CUDA=0 and --no-build-isolation with torch installed first.')
-import torch, mmengine, mmdet, mmseg, kcla_mm  # noqa: F401,E401
+import warnings
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
+import torch, mmengine, mmdet, mmseg, mim, matplotlib, kcla_mm  # noqa: F401,E401
 PY
 }
 
@@ -52,7 +54,15 @@ else
   MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=${MAX_JOBS:-2} \
     "${pip[@]}" install --no-build-isolation "mmcv==2.1.0"
 fi
-"${pip[@]}" install -r "$root/requirements.txt"
+# openmim (`mim search` / `mim download`) without its opendatalab dependency:
+# opendatalab pulls openxlab, which pins setuptools~=60.2 and would undo the
+# setuptools>=77 that torch needs. mim only shells out to opendatalab's CLI for
+# `mim download --dataset`, so `pip check` reports exactly one missing
+# requirement: "openmim 0.3.9 requires opendatalab".
+# One resolver run for both files, so that mim's dependencies (pandas) honour
+# the numpy<2 of requirements.txt.
+"${pip[@]}" install -r "$root/requirements.txt" -r "$root/requirements-mim.txt"
+"${pip[@]}" install --no-deps "openmim==0.3.9"
 "${pip[@]}" install --no-deps --no-build-isolation -e "$root"
 verify
 echo "$stamp_hash" > "$stamp"

@@ -319,7 +319,10 @@ class KCLALayer(BaseModule):
             weight.reshape(n * c, 1, 3, 3),
             bias,
             padding=1,
-            groups=n * c).view_as(u)
-        if not fold_norm:
-            v = norm(v)
-        return F.relu(v, inplace=True)
+            groups=n * c)
+        if fold_norm:
+            # In place on the conv's own output, not on a view of it: an
+            # in-place op on a view makes autograd copy the whole tensor
+            # back (CopySlices) and hand the conv a strided gradient.
+            return F.relu(v, inplace=True).view_as(u)
+        return F.relu(norm(v.view_as(u)), inplace=True)

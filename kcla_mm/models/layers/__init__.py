@@ -1,3 +1,5 @@
 from .kcla_layer import KCLALayer, KCLAState
+from .la_layer import LALayer, LAState
+from .mrla_light_layer import MRLALightLayer
 
-__all__ = ['KCLALayer', 'KCLAState']
+__all__ = ['KCLALayer', 'KCLAState', 'LALayer', 'LAState', 'MRLALightLayer']

@@ -1,0 +1,52 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+from typing import Optional
+
+from ..layers import LALayer
+from .layer_attention_resnet import LayerAttentionResNet
+
+
+class LAResNet(LayerAttentionResNet):
+    """ResNet with standard (full) layer attention, the quadratic baseline.
+
+    Every block attends, with a softmax over the layers per head, to itself
+    and to all earlier blocks of the network, whose keys and outputs are
+    cached (:class:`~kcla_mm.models.layers.LALayer`, at ``layerN.J.la``);
+    the cache is mapped to each new stage like KCLA's state. Memory grows
+    linearly and compute quadratically with depth. Every option of mmdet's
+    ResNet keeps its meaning; plain ResNet weights load into the ResNet
+    part.
+
+    Args:
+        head_dim (int): Channels per head. Default: 64 (as KCLA).
+        la_drop_path (float): Drop-path rate of the attention branch.
+            Default: 0.2 (as KCLA).
+        **kwargs: Arguments of mmdet's ``ResNet`` (depth, in_channels,
+            base_channels, num_stages, strides, dilations, out_indices, style,
+            deep_stem, avg_down, frozen_stages, conv_cfg, norm_cfg, norm_eval,
+            with_cp, zero_init_residual, plugins, init_cfg, ...).
+    """
+    attention_name = 'la'
+
+    def __init__(self,
+                 depth: int,
+                 head_dim: int = 64,
+                 la_drop_path: float = 0.2,
+                 **kwargs):
+        if not 0. <= la_drop_path < 1.:
+            raise ValueError(f'la_drop_path={la_drop_path} must be in [0, 1)')
+        self.la_cfg = dict(
+            head_dim=head_dim,
+            drop_path=la_drop_path,
+            conv_cfg=kwargs.get('conv_cfg'),
+            norm_cfg=kwargs.get('norm_cfg', dict(type='BN',
+                                                 requires_grad=True)))
+        super().__init__(depth=depth, head_dim=head_dim, **kwargs)
+
+    def make_attention(self, channels: int, block_index: int,
+                       state_channels: Optional[int],
+                       state_stride: int) -> LALayer:
+        return LALayer(
+            channels,
+            state_channels=state_channels,
+            state_stride=state_stride,
+            **self.la_cfg)

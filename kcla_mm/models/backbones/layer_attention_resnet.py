@@ -1,0 +1,158 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""The backbone machinery shared by every layer-attention ResNet.
+
+A layer-attention ResNet is mmdet's ResNet with one module after every
+residual block. The module takes the block output and a state carried from
+the previous block (None at the network's first block) and returns the new
+block output and the new state. What the state holds is the module's
+business: a recurrent sum (KCLA), a cache of all earlier blocks (LA), the
+previous attention output (MRLA-light).
+"""
+from typing import Callable, Optional, Tuple
+
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmdet.models.backbones import ResNet
+from mmdet.models.layers import ResLayer
+from torch import Tensor
+
+# make_attention(channels, block_index, state_channels, state_stride)
+AttentionFactory = Callable[[int, int, Optional[int], int], nn.Module]
+
+
+class LayerAttentionResLayer(ResLayer):
+    """A ResNet stage with a layer-attention module after every block.
+
+    The blocks are built by mmdet's ``ResLayer`` unchanged (so plain ResNet
+    weights keep their ``layerN.J.*`` keys); block ``J`` gets a child named
+    ``attention_name`` that this stage calls after it, threading the state.
+
+    Args:
+        attention_name (str): Attribute name of the module on each block,
+            e.g. ``'kcla'``; it is the key prefix in the state dict.
+        make_attention (callable): ``make_attention(channels, block_index,
+            state_channels, state_stride)`` builds the module of one block.
+            ``state_channels`` is the width of the incoming state (None at
+            the network's first block, which receives none) and
+            ``state_stride`` the spatial stride between that state and the
+            block output.
+        in_state_channels (int, optional): Width of the state arriving from
+            the previous stage; None for the first stage.
+        **kwargs: Arguments of mmdet's ``ResLayer``.
+    """
+
+    def __init__(self, attention_name: str, make_attention: AttentionFactory,
+                 in_state_channels: Optional[int], **kwargs):
+        super().__init__(**kwargs)
+        self.attention_name = attention_name
+        channels = kwargs['planes'] * kwargs['block'].expansion
+        for j, block in enumerate(self):
+            first = j == 0
+            setattr(
+                block, attention_name,
+                make_attention(
+                    channels, j,
+                    in_state_channels if first else channels,
+                    kwargs.get('stride', 1) if first else 1))
+
+    def forward(self, x: Tensor, state) -> Tuple[Tensor, object]:
+        for block in self:
+            x = block(x)
+            attention = getattr(block, self.attention_name)
+            if block.with_cp and x.requires_grad:
+                x, state = cp.checkpoint(
+                    attention, x, state, use_reentrant=False)
+            else:
+                x, state = attention(x, state)
+        return x, state
+
+
+class LayerAttentionResNet(ResNet):
+    """mmdet's ResNet with a layer-attention module after every block.
+
+    Subclasses set ``attention_name`` and implement :meth:`make_attention`;
+    every ResNet option keeps its meaning. The state flows through all
+    stages; carrying it across a change of width or size is the module's
+    job (it is told both when it is built).
+
+    Args:
+        depth (int): ResNet depth, a key of ``arch_settings``.
+        head_dim (int): Channels per attention head; must divide every stage
+            width.
+        **kwargs: Arguments of mmdet's ``ResNet``.
+    """
+    attention_name = 'attention'
+
+    def __init__(self, depth: int, head_dim: int, **kwargs):
+        self._check_args(depth, head_dim, kwargs)
+        # make_res_layer() runs inside ResNet.__init__ and needs this.
+        self.in_channels = kwargs.get('in_channels', 3)
+        super().__init__(depth=depth, **kwargs)
+
+    @classmethod
+    def _check_args(cls, depth, head_dim, kwargs) -> None:
+        """Fails early, naming the field, where mmdet would assert or fail
+        deep inside the build."""
+        if depth not in cls.arch_settings:
+            raise ValueError(f'depth={depth!r} is not supported by '
+                             f'{cls.__name__}; choose from '
+                             f'{sorted(cls.arch_settings)}')
+        num_stages = kwargs.get('num_stages', 4)
+        if not 1 <= num_stages <= 4:
+            raise ValueError(f'num_stages={num_stages} must be in 1..4')
+        for field, default in (('strides', (1, 2, 2, 2)),
+                               ('dilations', (1, 1, 1, 1))):
+            value = kwargs.get(field, default)
+            if len(value) != num_stages:
+                raise ValueError(
+                    f'{field}={tuple(value)} must have num_stages='
+                    f'{num_stages} entries, got {len(value)}')
+        expansion = cls.arch_settings[depth][0].expansion
+        base = kwargs.get('base_channels', 64)
+        for i in range(num_stages):
+            width = base * 2**i * expansion
+            if head_dim <= 0 or width % head_dim:
+                raise ValueError(
+                    f'head_dim={head_dim} must divide every stage width; '
+                    f'stage {i} has width {width}')
+
+    def make_attention(self, channels: int, block_index: int,
+                       state_channels: Optional[int],
+                       state_stride: int) -> nn.Module:
+        """The layer-attention module after block ``block_index`` of a
+        stage (see :class:`LayerAttentionResLayer`)."""
+        raise NotImplementedError
+
+    def make_res_layer(self, **kwargs) -> LayerAttentionResLayer:
+        # Called once per stage, in order, before the stage is registered.
+        first_stage = len(self.res_layers) == 0
+        return LayerAttentionResLayer(
+            attention_name=self.attention_name,
+            make_attention=self.make_attention,
+            in_state_channels=None if first_stage else kwargs['inplanes'],
+            **kwargs)
+
+    def train(self, mode: bool = True) -> 'LayerAttentionResNet':
+        # mmdet's ResNet.train() returns None; nn.Module's contract (and
+        # `model = KCLAResNet(...).eval()`) expects the module back.
+        super().train(mode)
+        return self
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f'{type(self).__name__} expects input of shape (N, '
+                f'in_channels={self.in_channels}, H, W), got '
+                f'{tuple(x.shape)}')
+        if self.deep_stem:
+            x = self.stem(x)
+        else:
+            x = self.relu(self.norm1(self.conv1(x)))
+        x = self.maxpool(x)
+        outs = []
+        state = None
+        for i, layer_name in enumerate(self.res_layers):
+            x, state = getattr(self, layer_name)(x, state)
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)

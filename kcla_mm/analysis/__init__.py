@@ -1,0 +1,1 @@
+"""Analysis helpers behind tools/analysis/ (no plotting here)."""

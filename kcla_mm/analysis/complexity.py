@@ -1,0 +1,119 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""Cost of a layer-attention backbone: FLOPs, state memory, train memory.
+
+FLOPs are mmengine's (``mmengine.analysis.FlopAnalyzer``, fvcore's jit
+counter: one multiply-accumulate counts as one FLOP). Out of the box it
+counts convolutions (the Q/K conv1d and the depthwise value convs included),
+matmul, bmm and einsum, but skips, as "unsupported", the ops that carry the
+layer attention itself: ``baddbmm`` (LA's weighted sum over the cache and
+KCLA's state update in training), ``addcmul``/``addcmul_`` (KCLA's state
+update in inference, MRLA-light's decay term) and ``softmax``/``sigmoid``/
+``exp``. :data:`ATTENTION_OP_HANDLES` adds them: baddbmm as its bmm,
+addcmul as one FLOP per output element, the pointwise nonlinearities as one
+per input element. Other elementwise ops and reductions (mul, div, sum,
+norm) stay uncounted, as fvcore leaves the ResNet's own ReLU and residual
+add uncounted.
+"""
+from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.analysis import FlopAnalyzer
+from mmengine.analysis.jit_handles import elementwise_flop_counter, get_shape
+from torch import Tensor
+
+
+def _baddbmm_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
+    """baddbmm(base, a, b): the bmm a @ b; the add rides along."""
+    n, c, t = get_shape(inputs[1])
+    return n * c * t * get_shape(inputs[2])[-1]
+
+
+ATTENTION_OP_HANDLES = {
+    'aten::baddbmm': _baddbmm_flop_jit,
+    'aten::addcmul': elementwise_flop_counter(0, 1),
+    'aten::addcmul_': elementwise_flop_counter(0, 1),
+    'aten::softmax': elementwise_flop_counter(1, 0),
+    'aten::sigmoid': elementwise_flop_counter(1, 0),
+    'aten::exp': elementwise_flop_counter(1, 0),
+}
+
+
+def count_flops(model: nn.Module, inputs: Tensor) -> int:
+    """FLOPs (MACs) of one eval forward, attention ops included."""
+    model.eval()
+    with torch.no_grad():
+        analyzer = FlopAnalyzer(model, (inputs, ))
+        analyzer.set_op_handle(**ATTENTION_OP_HANDLES)
+        analyzer.unsupported_ops_warnings(False)
+        analyzer.uncalled_modules_warnings(False)
+        return int(analyzer.total())
+
+
+def attention_modules(model: nn.Module) -> Iterator[Tuple[str, nn.Module]]:
+    """The layer-attention modules of a LayerAttentionResNet, block order
+    (``layerN.J.<attention_name>``); nothing for a plain ResNet."""
+    attr = getattr(model, 'attention_name', None)
+    if attr is None:
+        return
+    for layer_name in model.res_layers:
+        for j, block in enumerate(getattr(model, layer_name)):
+            yield f'{layer_name}.{j}.{attr}', getattr(block, attr)
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the distinct storages of the tensors in ``obj`` (a tensor
+    or a nest of tuples/lists/dicts of them)."""
+    storages: Dict[int, int] = {}
+
+    def visit(o):
+        if isinstance(o, Tensor):
+            storage = o.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(o, (tuple, list)):
+            for item in o:
+                visit(item)
+        elif isinstance(o, dict):
+            for item in o.values():
+                visit(item)
+
+    visit(obj)
+    return sum(storages.values())
+
+
+def inference_state_bytes(model: nn.Module, inputs: Tensor) -> int:
+    """The largest state any block hands to the next in an eval forward:
+    the memory that layer attention keeps alive across blocks (KCLA's U and
+    Z, LA's cache of keys and block outputs, MRLA-light's O^{t-1}). 0 for a
+    plain ResNet."""
+    sizes: List[int] = []
+    handles = [
+        module.register_forward_hook(
+            lambda m, args, out: sizes.append(tensor_bytes(out[1])))
+        for _, module in attention_modules(model)
+    ]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return max(sizes, default=0)
+
+
+def train_step_peak_bytes(model: nn.Module, inputs: Tensor) -> int:
+    """Peak memory of one train step (forward and backward) on the inputs'
+    device, as torch's ``MemTracker`` accounts it: parameters, buffers,
+    gradients, activations and temporaries alive at the same time."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    model.train()
+    model.zero_grad(set_to_none=True)
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        outs = model(inputs)
+        sum(o.mean() for o in outs).backward()
+    model.zero_grad(set_to_none=True)
+    peaks = tracker.get_tracker_snapshot('peak')
+    return int(peaks[inputs.device]['Total'])

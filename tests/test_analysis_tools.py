@@ -1,0 +1,176 @@
+"""tools/analysis: depth_scaling, layer_weights, key_similarity."""
+import csv
+import importlib.util
+import os.path as osp
+
+import mmcv
+import numpy as np
+import pytest
+import torch
+from mmengine.logging import HistoryBuffer
+
+from kcla_mm.analysis.key_similarity import mean_off_diagonal
+from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
+                                                  mrla_light_shares)
+from kcla_mm.models import KCLAResNet, MRLALResNet
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+KCLA_UNET = osp.join(ROOT, 'configs/kcla/unet_kcla-r18_isic2017-256x256.py')
+LA_UNET = osp.join(ROOT, 'configs/baselines/unet_la-r18_isic2017-256x256.py')
+
+
+def tool(name):
+    """A tool script as a module, so that its main() runs in-process."""
+    path = osp.join(ROOT, 'tools', 'analysis', f'{name}.py')
+    spec = importlib.util.spec_from_file_location(f'tool_{name}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def image(tmp_path):
+    rng = np.random.default_rng(0)
+    path = str(tmp_path / 'image.jpg')
+    mmcv.imwrite((rng.random((40, 56, 3)) * 255).astype(np.uint8), path)
+    return path
+
+
+def test_depth_scaling_writes_csv_and_plot(tmp_path, capsys):
+    tool('depth_scaling').main([
+        '--depths', '26', '50', '--base-channels', '8', '--head-dim', '8',
+        '--size', '32', '--repeats', '1', '--warmup', '0', '--out-dir',
+        str(tmp_path)
+    ])
+    with open(tmp_path / 'depth_scaling.csv') as f:
+        rows = list(csv.DictReader(f))
+    assert [(r['method'], r['depth']) for r in rows] == [
+        (m, d) for d in ('26', '50') for m in ('ResNet', 'KCLA', 'LA',
+                                              'MRLA-L')
+    ]
+    by = {(r['method'], r['depth']): r for r in rows}
+    for key in ('params_m', 'gflops', 'train_peak_mib', 'eval_ms',
+                'train_ms'):
+        assert all(float(r[key]) > 0 for r in rows), key
+    # KCLA's inference state does not grow with depth; LA's cache does.
+    assert by['KCLA', '26']['state_mib'] == by['KCLA', '50']['state_mib']
+    assert float(by['LA', '50']['state_mib']) > float(
+        by['LA', '26']['state_mib'])
+    assert float(by['ResNet', '26']['state_mib']) == 0
+    assert osp.getsize(tmp_path / 'depth_scaling.png') > 10_000
+    out = capsys.readouterr().out
+    assert 'KCLA    overhead over ResNet' in out
+    assert 'state memory constant' in out.split('KCLA ')[-1].split('\n')[0]
+
+
+def test_depth_scaling_refuses_depths_outside_the_plan():
+    with pytest.raises(SystemExit):
+        tool('depth_scaling').parse_args(['--depths', '27'])
+
+
+def test_layer_weights_random_init_writes_plot(tmp_path, image, capsys):
+    out = tmp_path / 'weights.png'
+    tool('layer_weights').main(
+        [KCLA_UNET, 'none', image, '--out', str(out), '--size', '48'])
+    assert osp.getsize(out) > 10_000
+    printed = capsys.readouterr().out
+    assert printed.startswith('KCLA: at the last block')
+    assert 'MRLA-L: at the last block' in printed
+
+
+def test_layer_weights_loads_a_training_checkpoint(tmp_path, image):
+    """A detector/segmentor-style checkpoint (backbone.* keys, mmengine's
+    logging types) loads with weights_only=True; a wrong one is refused."""
+    backbone = KCLAResNet(depth=18, base_channels=32, head_dim=16)
+    loss = HistoryBuffer()
+    loss.update(1.0)
+    ckpt = dict(
+        meta=dict(iter=1),
+        state_dict={f'backbone.{k}': v
+                    for k, v in backbone.state_dict().items()},
+        message_hub=dict(log_scalars={'loss': loss}))
+    torch.save(ckpt, tmp_path / 'iter_1.pth')
+    lw = tool('layer_weights')
+    lw.main([KCLA_UNET, str(tmp_path / 'iter_1.pth'), image, '--out',
+             str(tmp_path / 'a.png'), '--size', '48', '--heads', '0'])
+    assert osp.isfile(tmp_path / 'a.png')
+    torch.save(MRLALResNet(depth=18).state_dict(), tmp_path / 'wrong.pth')
+    with pytest.raises(ValueError, match='does not match'):
+        lw.main([KCLA_UNET, str(tmp_path / 'wrong.pth'), image])
+    with pytest.raises(ValueError, match="type='LAResNet'"):
+        lw.main([LA_UNET, 'none', image])
+
+
+def test_key_similarity_random_init_writes_plot(tmp_path, image, capsys):
+    out = tmp_path / 'keys.png'
+    tool('key_similarity').main(
+        [LA_UNET, 'none', image, '--out', str(out), '--size', '48'])
+    assert osp.getsize(out) > 10_000
+    lines = capsys.readouterr().out.splitlines()
+    # ResNet-18: 2 blocks per stage, so 2, 4, 6, 8 cached keys.
+    assert [line.split(':')[0] for line in lines[:4]] == [
+        f'stage {s}' for s in range(1, 5)
+    ]
+    assert [int(line.split()[2]) for line in lines[:4]] == [2, 4, 6, 8]
+    values = [float(line.split()[-1]) for line in lines[:4]]
+    assert all(-1 <= v <= 1 for v in values)
+
+
+def test_mean_off_diagonal():
+    m = torch.tensor([[1., .5, .2], [.5, 1., .3], [.2, .3, 1.]])
+    assert mean_off_diagonal(m) == pytest.approx((.5 + .2 + .3) / 3)
+
+
+def test_kcla_weights_are_normalised_and_follow_the_state():
+    model = KCLAResNet(depth=18, base_channels=16, head_dim=8)
+    model.init_weights()
+    rows = kcla_normalised_weights(model, torch.rand(2, 3, 48, 48))
+    assert len(rows) == 8
+    assert [r.shape[1] for r in rows] == list(range(1, 9))
+    # heads per stage: widths 16, 32, 64, 128 over head_dim 8
+    assert [r.shape[0] for r in rows] == [2, 2, 4, 4, 8, 8, 16, 16]
+    for r in rows:
+        torch.testing.assert_close(r.sum(1), torch.ones(r.shape[0]))
+        assert (r > 0).all()
+
+
+def test_mrla_light_shares_follow_the_decays():
+    torch.manual_seed(0)
+    model = MRLALResNet(depth=18, base_channels=16, head_dim=8)
+    model.init_weights()
+    x = torch.rand(2, 3, 48, 48)
+    rows = mrla_light_shares(model, x)
+    for r in rows:
+        torch.testing.assert_close(r.sum(1), torch.ones(r.shape[0]))
+    # Zero decays cut every earlier block off: each block sees only itself.
+    with torch.no_grad():
+        for m in model.modules():
+            if getattr(m, 'decay', None) is not None:
+                m.decay.zero_()
+    for t, r in enumerate(mrla_light_shares(model, x)):
+        want = torch.zeros_like(r)
+        want[:, t] = 1
+        torch.testing.assert_close(r, want)
+
+
+def test_flop_count_includes_the_attention_ops():
+    """mmengine's counter alone skips LA's weighted sum (baddbmm) and
+    softmax; with the added handles they are counted. Block t reads t
+    cached outputs: the first term is a bmm (counted either way), the
+    other t - 1 are baddbmm, so the difference is at least
+    sum_t (t - 1) * C * H * W."""
+    from mmengine.analysis import FlopAnalyzer
+
+    from kcla_mm.analysis.complexity import count_flops
+    from kcla_mm.models import LAResNet
+    model = LAResNet(depth=18, base_channels=8, head_dim=8).eval()
+    x = torch.rand(1, 3, 32, 32)
+    with torch.no_grad():
+        plain = FlopAnalyzer(model, (x, ))
+        plain.unsupported_ops_warnings(False)
+        plain_total = plain.total()
+    # Block t (1-based) of the 8 reads t outputs of its stage's shape:
+    # stages of 2 blocks, widths 8..64 at 8x8..1x1 (C*H*W = 512, 256, ...).
+    sizes = [512, 512, 256, 256, 128, 128, 64, 64]
+    weighted_sum = sum((t - 1) * s for t, s in enumerate(sizes, 1))
+    assert count_flops(model, x) - plain_total >= weighted_sum

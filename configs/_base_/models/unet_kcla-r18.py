@@ -50,6 +50,9 @@ plain_r18_backbone = dict(
     _delete_=True,
     type='ResNet',
     depth=18,
+    # mmseg's ResNet widens the stem to 64 by default; KCLAResNet's stem has
+    # base_channels (mmdet's rule), so the comparison needs it said.
+    stem_channels=32,
     base_channels=32,
     out_indices=(0, 1, 2, 3),
     frozen_stages=-1,

@@ -1,21 +1,105 @@
+import os
+import os.path as osp
+import shutil
+import sys
+
 from setuptools import find_packages, setup
+from setuptools.command.editable_wheel import editable_wheel
+
+ROOT = osp.dirname(osp.abspath(__file__))
+PACKAGE = 'kcla_mm'
+# What `mim search` / `mim download` and mmengine's inferencers read from an
+# installed package's `.mim` folder (mmdet ships the same three).
+MIM_ITEMS = ('configs', 'tools', 'model-index.yml')
 
 
 def read_version() -> str:
     namespace: dict = {}
-    with open('kcla_mm/version.py', encoding='utf-8') as f:
+    with open(osp.join(ROOT, 'kcla_mm/version.py'), encoding='utf-8') as f:
         exec(f.read(), namespace)
     return namespace['__version__']
 
+
+def add_mim_extension() -> None:
+    """Puts configs/, tools/ and model-index.yml into ``kcla_mm/.mim``.
+
+    As mmdet's setup.py: symbolic links for an editable install (``pip
+    install -e .`` builds ``editable_wheel`` with PEP 660, older pips ran
+    ``develop``), so that edits to configs show up without reinstalling;
+    real copies for ``sdist``/``bdist_wheel``/``build``, so that they land
+    in the archive (package_data and MANIFEST.in pick them up). The folder
+    is generated: .gitignore lists it.
+    """
+    if 'develop' in sys.argv or 'editable_wheel' in sys.argv:
+        mode = 'symlink' if os.name != 'nt' else 'copy'
+    elif any(cmd in sys.argv
+             for cmd in ('sdist', 'bdist_wheel', 'build', 'build_py')):
+        mode = 'copy'
+    else:
+        return
+    mim_path = osp.join(ROOT, PACKAGE, '.mim')
+    os.makedirs(mim_path, exist_ok=True)
+    for item in MIM_ITEMS:
+        src = osp.join(ROOT, item)
+        dst = osp.join(mim_path, item)
+        if not osp.exists(src):
+            # Building a wheel from an sdist: its .mim already holds copies.
+            if osp.exists(dst) and not osp.islink(dst):
+                continue
+            raise FileNotFoundError(f'{src} is missing: cannot build '
+                                    f'{PACKAGE}/.mim/{item}')
+        if osp.islink(dst) or osp.isfile(dst):
+            os.remove(dst)
+        elif osp.isdir(dst):
+            shutil.rmtree(dst)
+        if mode == 'symlink':
+            os.symlink(osp.relpath(src, mim_path), dst)
+        elif osp.isdir(src):
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns(
+                '__pycache__', '*.pyc'))
+        else:
+            shutil.copyfile(src, dst)
+
+
+class EditableWheelWithMim(editable_wheel):
+    """``editable_wheel`` whose metadata leads openmim to the source tree.
+
+    openmim 0.3.9 (``mim search`` / ``mim download``) and mmengine's
+    ``get_installed_path`` locate a package as
+    ``<distribution location>/<top_level.txt's first name>``. A PEP 660
+    editable install puts the distribution in site-packages while the
+    package stays in the source tree, so they look for
+    ``site-packages/kcla_mm/.mim`` and find nothing (the ecosystem's open
+    bug, e.g. open-mmlab/mmpretrain#1885). Writing the package's absolute
+    path as that name (``os.path.join`` then returns it unchanged) points
+    them at ``<repo>/kcla_mm/.mim``; imports are untouched (they go through
+    setuptools' editable finder), and regular wheels keep ``kcla_mm``.
+    """
+
+    def _ensure_dist_info(self):
+        super()._ensure_dist_info()
+        top_level = osp.join(self.dist_info_dir, 'top_level.txt')
+        with open(top_level, 'w', encoding='utf-8') as f:
+            f.write(osp.join(ROOT, PACKAGE) + '\n')
+
+
+add_mim_extension()
 
 setup(
     name='kcla_mm',
     version=read_version(),
     description='Key-Correlated Layer Attention (KCLA) backbones for '
     'MMDetection and MMSegmentation',
-    long_description=open('README.md', encoding='utf-8').read(),
+    long_description=open(
+        osp.join(ROOT, 'README.md'), encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     packages=find_packages(include=['kcla_mm', 'kcla_mm.*']),
+    # The generated .mim folder (configs, tools, model index) ships inside
+    # the package, as mmdet's does.
+    include_package_data=True,
+    package_data={PACKAGE: ['.mim/**/*']},
+    exclude_package_data={PACKAGE: ['.mim/**/__pycache__/*']},
+    cmdclass={'editable_wheel': EditableWheelWithMim},
     python_requires='>=3.11',
     install_requires=[
         'torch==2.13.0',

@@ -1,7 +1,10 @@
 from .version import __version__
 from . import datasets, evaluation  # noqa: F401  registers into mmseg
-from .models import KCLALayer, KCLAResNet, KCLAState, UNetHead
+from . import apis  # noqa: F401  model index, inferencers, allow-list
+from .models import (KCLALayer, KCLAResNet, KCLAState, LAResNet, MRLALResNet,
+                     UNetHead)
 
 __all__ = [
-    '__version__', 'KCLAResNet', 'KCLALayer', 'KCLAState', 'UNetHead'
+    '__version__', 'KCLAResNet', 'KCLALayer', 'KCLAState', 'LAResNet',
+    'MRLALResNet', 'UNetHead'
 ]

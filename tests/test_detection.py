@@ -180,17 +180,23 @@ def test_infer_draws_predictions(coco_root, tmp_path, repo_root):
         str(tmp_path), *synthetic_options(coco_root, small_backbone=True,
                                           mask=True))
     image = sorted((coco_root / 'val2017').iterdir())[0]
-    out = tmp_path / 'pred.jpg'
-    log = run(repo_root, sys.executable, 'tools/infer.py', config,
-              str(tmp_path / 'epoch_1.pth'), str(image), '--out', str(out),
-              '--score-thr', '0', '--cfg-options',
+    out_dir = tmp_path / 'infer'
+    # A training checkpoint (weights_only with the allow-list), mmdet's
+    # DetInferencer behind tools/infer.py.
+    log = run(repo_root, sys.executable, 'tools/infer.py', str(image),
+              config, '--weights', str(tmp_path / 'epoch_1.pth'),
+              '--out-dir', str(out_dir), '--pred-score-thr', '0',
+              '--cfg-options',
               'model.backbone.depth=18', 'model.backbone.base_channels=16',
               'model.backbone.head_dim=16',
               'model.neck.in_channels=[16,32,64,128]',
               'model.roi_head.bbox_head.num_classes=3',
               'model.roi_head.mask_head.num_classes=3',
               'model.test_cfg.rcnn.score_thr=0.0')
-    assert out.is_file() and out.stat().st_size > 1000
+    drawn = out_dir / 'vis' / image.name
+    assert drawn.is_file() and drawn.stat().st_size > 1000
+    predictions = json.load(open(out_dir / 'preds' / f'{image.stem}.json'))
+    assert len(predictions['scores']) > 0 and 'masks' in predictions
     assert 'drawn to' in log
 
 

@@ -1,59 +1,84 @@
-"""Detect objects in one image and write it with the predictions drawn.
+"""Detect or segment images with a kcla_mm model and write the results drawn.
 
-    python tools/infer.py CONFIG CHECKPOINT IMAGE --out FILE [--score-thr 0.3]
+    python tools/infer.py INPUTS MODEL [--weights CHECKPOINT] [--out-dir DIR]
+        [--pred-score-thr 0.3] [--device cpu] [--cfg-options KEY=VALUE ...]
 
-CHECKPOINT may be a training checkpoint of tools/train.py (loaded with
-weights_only=True and mmengine's logging types allow-listed).
+INPUTS is an image file or a folder of images. MODEL is a config file or a
+model name of kcla_mm's model index (``mim search kcla_mm``); a name without
+``--weights`` uses the index's released weights. The config's
+``default_scope`` picks mmdet's ``DetInferencer`` or mmseg's
+``MMSegInferencer`` (see ``kcla_mm.apis``). Results go where those
+inferencers put them: ``DIR/vis/`` (images with the predictions drawn) and
+``DIR/preds/`` (detection, one json per image) or ``DIR/pred/``
+(segmentation, one mask png per image).
+
+CHECKPOINT may be a published checkpoint
+(tools/model_converters/publish_model.py) or a training checkpoint of
+tools/train.py; both load with weights_only=True.
 """
 import argparse
+import os
 import os.path as osp
 import sys
 
-import mmcv
-from mmdet.apis import inference_detector, init_detector
-from mmdet.registry import VISUALIZERS
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 
-import kcla_mm  # noqa: E402,F401  registers KCLA modules in mmdet and mmseg
-from kcla_mm.engine import allow_mmengine_checkpoint_types  # noqa: E402
+from kcla_mm.apis import KCLADetInferencer, init_inferencer  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('config')
-    parser.add_argument('checkpoint')
-    parser.add_argument('image')
-    parser.add_argument('--out', required=True,
-                        help='output image file (.jpg/.png)')
-    parser.add_argument('--score-thr', type=float, default=0.3)
+    parser.add_argument('inputs', help='image file or folder of images')
+    parser.add_argument('model', help='config file or kcla_mm model name')
+    parser.add_argument(
+        '--weights', default=None,
+        help="checkpoint file or URL (default: the model index's Weights "
+        'of a model name)')
+    parser.add_argument('--out-dir', default='outputs',
+                        help='output folder (vis/ and preds/ or pred/)')
     parser.add_argument('--device', default='cpu')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    parser.add_argument(
+        '--pred-score-thr', '--score-thr', type=float, default=0.3,
+        help='detection: draw boxes scoring at least this')
+    parser.add_argument(
+        '--package', default='kcla_mm',
+        help='package whose model index resolves MODEL names')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config settings, KEY=VALUE')
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    for field, path in (('config', args.config),
-                        ('checkpoint', args.checkpoint),
-                        ('image', args.image)):
-        if not osp.isfile(path):
-            raise FileNotFoundError(f'{field} {path}: no such file')
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    allow_mmengine_checkpoint_types()
-    model = init_detector(cfg, args.checkpoint, device=args.device)
-    result = inference_detector(model, args.image)
-    visualizer = VISUALIZERS.build(model.cfg.visualizer)
-    visualizer.dataset_meta = model.dataset_meta
-    image = mmcv.imread(args.image, channel_order='rgb')
-    visualizer.add_datasample(
-        'prediction', image, data_sample=result, draw_gt=False, show=False,
-        out_file=args.out, pred_score_thr=args.score_thr)
-    kept = (result.pred_instances.scores >= args.score_thr).sum().item()
-    print(f'{kept} objects with score >= {args.score_thr} drawn to {args.out}')
+    if not osp.exists(args.inputs):
+        raise FileNotFoundError(f'inputs {args.inputs}: no such file or '
+                                'folder')
+    if args.weights is not None and not (
+            osp.isfile(args.weights) or '://' in args.weights):
+        raise FileNotFoundError(f'--weights {args.weights}: no such file')
+    inferencer = init_inferencer(
+        args.model, weights=args.weights, device=args.device,
+        package=args.package, cfg_options=args.cfg_options)
+    if isinstance(inferencer, KCLADetInferencer):
+        results = inferencer(
+            args.inputs, out_dir=args.out_dir, no_save_pred=False,
+            pred_score_thr=args.pred_score_thr)
+        kept = sum(
+            sum(score >= args.pred_score_thr for score in pred['scores'])
+            for pred in results['predictions'])
+        summary = (f'{kept} objects with score >= {args.pred_score_thr} in '
+                   f"{len(results['predictions'])} image(s)")
+    else:
+        results = inferencer(args.inputs, out_dir=args.out_dir)
+        predictions = results['predictions']
+        count = len(predictions) if isinstance(predictions, list) else 1
+        summary = f'{count} segmentation mask(s)'
+    vis_dir = osp.join(args.out_dir, 'vis')
+    written = sorted(os.listdir(vis_dir)) if osp.isdir(vis_dir) else []
+    print(f'{summary}; drawn to {vis_dir} ({len(written)} file(s))')
 
 
 if __name__ == '__main__':

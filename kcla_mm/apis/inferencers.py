@@ -1,0 +1,134 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""mmdet's ``DetInferencer`` and mmseg's ``MMSegInferencer`` that also know
+kcla_mm's model names.
+
+mmengine's ``BaseInferencer`` resolves a model *name* only in the model
+index of its scope package (``mmdet`` for ``DetInferencer``), and the scope
+must stay mmdet/mmseg for the registries. These subclasses change just that
+lookup: a name is searched in kcla_mm's index first (see
+:mod:`.model_index`), then in the scope package's, so mmdet's and mmseg's own
+model names keep working. A config path or a Config object goes through
+unchanged, exactly as with the parent classes.
+"""
+import os.path as osp
+import warnings
+from typing import Optional, Tuple, Union
+
+from mmdet.apis import DetInferencer
+from mmengine.config import Config
+from mmseg.apis import MMSegInferencer
+
+from .model_index import find_model, get_model_info
+
+
+def _from_index(model: str, package: str,
+                fallback) -> Tuple[Config, Optional[str]]:
+    info = find_model(model, package)
+    if info is None:
+        return fallback(model)
+    if info.weights is None:
+        warnings.warn(f'{info.name} has no released weights in the {package} '
+                      'model index: pass weights=CHECKPOINT, or the model '
+                      'keeps its initialisation')
+    return Config.fromfile(info.config), info.weights
+
+
+class KCLADetInferencer(DetInferencer):
+    """:class:`mmdet.apis.DetInferencer` that resolves kcla_mm model names.
+
+    Args:
+        model (str | Config, optional): A config file, a Config, or a model
+            name of ``package``'s model index (or of mmdet's).
+        weights (str, optional): Checkpoint path or URL. Defaults to the
+            model index's ``Weights`` of a named model.
+        package (str): The package whose ``model-index.yml`` names are
+            resolved. Defaults to ``'kcla_mm'``.
+        **kwargs: The other arguments of ``DetInferencer`` (``device``,
+            ``scope``, ``palette``, ``show_progress``).
+    """
+
+    def __init__(self, model=None, weights: Optional[str] = None,
+                 package: str = 'kcla_mm', **kwargs) -> None:
+        self.index_package = package
+        super().__init__(model=model, weights=weights, **kwargs)
+
+    def _load_model_from_metafile(self, model: str):
+        return _from_index(model, self.index_package,
+                           super()._load_model_from_metafile)
+
+
+class KCLASegInferencer(MMSegInferencer):
+    """:class:`mmseg.apis.MMSegInferencer` that resolves kcla_mm model
+    names; arguments as :class:`KCLADetInferencer` (plus mmseg's
+    ``classes``, ``palette``, ``dataset_name``)."""
+
+    def __init__(self, model, weights: Optional[str] = None,
+                 package: str = 'kcla_mm', **kwargs) -> None:
+        self.index_package = package
+        super().__init__(model=model, weights=weights, **kwargs)
+
+    def _load_model_from_metafile(self, model: str):
+        return _from_index(model, self.index_package,
+                           super()._load_model_from_metafile)
+
+
+def resolve_model(model: str, weights: Optional[str] = None,
+                  package: str = 'kcla_mm') -> Tuple[str, Optional[str]]:
+    """(config file, weights) for a config path or a model name.
+
+    An explicit ``weights`` wins over the model index's ``Weights``.
+
+    Raises:
+        ValueError: ``model`` is neither a file nor a known model name.
+    """
+    if osp.isfile(model):
+        return model, weights
+    try:
+        info = get_model_info(model, package)
+    except ValueError as exc:
+        raise ValueError(f'{model} is neither a config file nor a model '
+                         f'name: {exc}') from None
+    return info.config, weights if weights is not None else info.weights
+
+
+def init_inferencer(model: Union[str, Config],
+                    weights: Optional[str] = None,
+                    device: Optional[str] = None,
+                    package: str = 'kcla_mm',
+                    cfg_options: Optional[dict] = None,
+                    **kwargs) -> Union[KCLADetInferencer, KCLASegInferencer]:
+    """The detection or segmentation inferencer of a kcla_mm model.
+
+    The config's ``default_scope`` (``mmdet`` or ``mmseg``) picks
+    :class:`KCLADetInferencer` or :class:`KCLASegInferencer`.
+
+    Args:
+        model (str | Config): Config file, model name, or Config.
+        weights (str, optional): Checkpoint path or URL (default: the model
+            index's ``Weights`` of a named model).
+        device (str, optional): e.g. ``'cpu'``. Defaults to the available
+            device.
+        package (str): Model index to resolve names in.
+        cfg_options (dict, optional): Config overrides (``--cfg-options``).
+        **kwargs: Passed to the inferencer.
+
+    Returns:
+        KCLADetInferencer | KCLASegInferencer: The inferencer.
+    """
+    if isinstance(model, Config):
+        cfg, source = model, 'the given Config'
+    else:
+        config_file, weights = resolve_model(model, weights, package)
+        cfg, source = Config.fromfile(config_file), config_file
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    scope = cfg.get('default_scope')
+    if scope == 'mmdet':
+        cls = KCLADetInferencer
+    elif scope == 'mmseg':
+        cls = KCLASegInferencer
+    else:
+        raise ValueError(f"{source}: default_scope is {scope!r}; expected "
+                         "'mmdet' or 'mmseg'")
+    return cls(model=cfg, weights=weights, device=device, package=package,
+               **kwargs)

@@ -52,14 +52,12 @@ class KCLAResNet(LayerAttentionResNet):
                  renorm_blocks: Sequence[int] = (0, 11),
                  **kwargs):
         self.renorm_blocks = tuple(renorm_blocks)
-        self.kcla_cfg = dict(
+        self.kcla_cfg = self.shared_layer_cfg(
+            kwargs,
             head_dim=head_dim,
             temperature_range=tuple(temperature_range),
             clamp=clamp,
-            drop_path=kcla_drop_path,
-            conv_cfg=kwargs.get('conv_cfg'),
-            norm_cfg=kwargs.get('norm_cfg', dict(type='BN',
-                                                 requires_grad=True)))
+            drop_path=kcla_drop_path)
         super().__init__(depth=depth, head_dim=head_dim, **kwargs)
 
     def make_attention(self, channels: int, block_index: int,

@@ -116,6 +116,16 @@ class LayerAttentionResNet(ResNet):
                     f'head_dim={head_dim} must divide every stage width; '
                     f'stage {i} has width {width}')
 
+    @staticmethod
+    def shared_layer_cfg(resnet_kwargs: dict, **layer_cfg) -> dict:
+        """``layer_cfg`` plus the ResNet's ``conv_cfg`` and ``norm_cfg``,
+        which the attention modules use too (so SyncBN/GN reach them)."""
+        return dict(
+            layer_cfg,
+            conv_cfg=resnet_kwargs.get('conv_cfg'),
+            norm_cfg=resnet_kwargs.get('norm_cfg',
+                                       dict(type='BN', requires_grad=True)))
+
     def make_attention(self, channels: int, block_index: int,
                        state_channels: Optional[int],
                        state_stride: int) -> nn.Module:

@@ -34,12 +34,8 @@ class MRLALResNet(LayerAttentionResNet):
         if not 0. <= mrla_drop_path < 1.:
             raise ValueError(
                 f'mrla_drop_path={mrla_drop_path} must be in [0, 1)')
-        self.mrla_cfg = dict(
-            head_dim=head_dim,
-            drop_path=mrla_drop_path,
-            conv_cfg=kwargs.get('conv_cfg'),
-            norm_cfg=kwargs.get('norm_cfg', dict(type='BN',
-                                                 requires_grad=True)))
+        self.mrla_cfg = self.shared_layer_cfg(
+            kwargs, head_dim=head_dim, drop_path=mrla_drop_path)
         super().__init__(depth=depth, head_dim=head_dim, **kwargs)
 
     def make_attention(self, channels: int, block_index: int,

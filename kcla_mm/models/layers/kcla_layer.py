@@ -94,6 +94,39 @@ def eca_kernel_size(channels: int, gamma: int = 2, beta: int = 1) -> int:
     return t if t % 2 else t + 1
 
 
+def eca_conv1d(channels: int) -> nn.Conv1d:
+    """A bias-free ECA-style 1-D conv over the pooled channels."""
+    k_size = eca_kernel_size(channels)
+    return nn.Conv1d(1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
+
+
+def check_branch_args(channels: int, head_dim: int, drop_path: float) -> None:
+    """The checks every layer-attention branch makes of its arguments."""
+    if head_dim <= 0 or channels % head_dim:
+        raise ValueError(f'head_dim={head_dim} must divide the stage '
+                         f'width channels={channels}')
+    if not 0. <= drop_path < 1.:
+        raise ValueError(f'drop_path={drop_path} must be in [0, 1)')
+
+
+def build_state_adapter(conv_cfg: Optional[dict], state_channels: int,
+                        channels: int, stride: int,
+                        num_heads: int) -> nn.Module:
+    """Algorithm 1's map of a state to a new stage: a 1x1 conv grouped by
+    heads, with the stage's stride."""
+    if state_channels % num_heads:
+        raise ValueError(f'state_channels={state_channels} must be divisible '
+                         f'by the number of heads {num_heads}')
+    return build_conv_layer(
+        conv_cfg,
+        state_channels,
+        channels,
+        kernel_size=1,
+        stride=stride,
+        groups=num_heads,
+        bias=False)
+
+
 def head_temperatures(num_heads: int,
                       temperature_range: Sequence[float]) -> Tensor:
     """Per-head temperatures tau_h: reciprocals of a log-uniform sequence.
@@ -167,11 +200,7 @@ class KCLALayer(BaseModule):
                                distribution='uniform'))):
         super().__init__(init_cfg=list(init_cfg) if isinstance(
             init_cfg, tuple) else init_cfg)
-        if head_dim <= 0 or channels % head_dim:
-            raise ValueError(f'head_dim={head_dim} must divide the stage '
-                             f'width channels={channels}')
-        if not 0. <= drop_path < 1.:
-            raise ValueError(f'drop_path={drop_path} must be in [0, 1)')
+        check_branch_args(channels, head_dim, drop_path)
         self.channels = channels
         self.head_dim = head_dim
         self.num_heads = channels // head_dim
@@ -179,11 +208,8 @@ class KCLALayer(BaseModule):
         self.drop_path = drop_path
         state_channels = channels if state_channels is None else state_channels
 
-        k_size = eca_kernel_size(channels)
-        self.query_conv = nn.Conv1d(
-            1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
-        self.key_conv = nn.Conv1d(
-            1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
+        self.query_conv = eca_conv1d(channels)
+        self.key_conv = eca_conv1d(channels)
         self.value_conv = nn.Conv2d(
             channels, channels, 3, padding=1, groups=channels, bias=False)
         # Phi: the learnable map over heads of ||Q_h|| cos(theta_h).
@@ -197,23 +223,13 @@ class KCLALayer(BaseModule):
         self.renorm = renorm
         if renorm:
             if state_channels != channels or state_stride != 1:
-                if state_channels % self.num_heads:
-                    raise ValueError(
-                        f'state_channels={state_channels} must be divisible '
-                        f'by the number of heads {self.num_heads}')
-                self.state_adapt = build_conv_layer(
-                    conv_cfg,
-                    state_channels,
-                    channels,
-                    kernel_size=1,
-                    stride=state_stride,
-                    groups=self.num_heads,
-                    bias=False)
+                self.state_adapt = build_state_adapter(
+                    conv_cfg, state_channels, channels, state_stride,
+                    self.num_heads)
             else:
                 self.state_adapt = None
             self.state_norm = build_norm_layer(norm_cfg, channels)[1]
-            self.state_key_conv = nn.Conv1d(
-                1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
+            self.state_key_conv = eca_conv1d(channels)
         elif state_channels != channels or state_stride != 1:
             raise ValueError('a layer whose state changes width or size '
                              'must have renorm=True')

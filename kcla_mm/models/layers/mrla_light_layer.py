@@ -20,11 +20,12 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_conv_layer, build_norm_layer
+from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .kcla_layer import eca_kernel_size, head_scaled_add, spatial_mean
+from .kcla_layer import (build_state_adapter, check_branch_args, eca_conv1d,
+                         head_scaled_add, spatial_mean)
 
 
 class MRLALightLayer(BaseModule):
@@ -80,22 +81,15 @@ class MRLALightLayer(BaseModule):
                                                  distribution='uniform'))):
         super().__init__(init_cfg=list(init_cfg) if isinstance(
             init_cfg, tuple) else init_cfg)
-        if head_dim <= 0 or channels % head_dim:
-            raise ValueError(f'head_dim={head_dim} must divide the stage '
-                             f'width channels={channels}')
-        if not 0. <= drop_path < 1.:
-            raise ValueError(f'drop_path={drop_path} must be in [0, 1)')
+        check_branch_args(channels, head_dim, drop_path)
         self.channels = channels
         self.head_dim = head_dim
         self.num_heads = channels // head_dim
         self.drop_path = drop_path
         state_channels = channels if state_channels is None else state_channels
 
-        k_size = eca_kernel_size(channels)
-        self.query_conv = nn.Conv1d(
-            1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
-        self.key_conv = nn.Conv1d(
-            1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
+        self.query_conv = eca_conv1d(channels)
+        self.key_conv = eca_conv1d(channels)
         self.value_conv = nn.Conv2d(
             channels, channels, 3, padding=1, groups=channels, bias=False)
         self.norm = build_norm_layer(norm_cfg, channels)[1]
@@ -108,18 +102,9 @@ class MRLALightLayer(BaseModule):
                                  'state_channels or state_stride')
             self.state_adapt = None
         elif state_channels != channels or state_stride != 1:
-            if state_channels % self.num_heads:
-                raise ValueError(
-                    f'state_channels={state_channels} must be divisible by '
-                    f'the number of heads {self.num_heads}')
-            self.state_adapt = build_conv_layer(
-                conv_cfg,
-                state_channels,
-                channels,
-                kernel_size=1,
-                stride=state_stride,
-                groups=self.num_heads,
-                bias=False)
+            self.state_adapt = build_state_adapter(
+                conv_cfg, state_channels, channels, state_stride,
+                self.num_heads)
             self.state_norm = build_norm_layer(norm_cfg, channels)[1]
         else:
             self.state_adapt = None

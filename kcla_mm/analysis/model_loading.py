@@ -108,3 +108,22 @@ def parse_checkpoint_arg(value: str, random_init: bool) -> Optional[str]:
         return None
     return value
 
+
+def config_and_backbone(args, expected_type: str):
+    """What both plotting tools start from: the config (with
+    ``--cfg-options``), the checkpoint argument and the backbone dict,
+    checked to be of ``expected_type``.
+
+    Returns:
+        tuple: ``(cfg, checkpoint or None for random init, backbone_cfg)``.
+    """
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    checkpoint = parse_checkpoint_arg(args.checkpoint, args.random_init)
+    backbone_cfg = backbone_config(cfg)
+    if backbone_cfg.get('type') != expected_type:
+        raise ValueError(f'{args.config}: backbone type='
+                         f'{backbone_cfg.get("type")!r}, expected '
+                         f'{expected_type}')
+    return cfg, checkpoint, backbone_cfg

@@ -19,7 +19,7 @@ import os.path as osp
 import sys
 
 import torch
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 from mmengine.logging import MMLogger
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
@@ -27,8 +27,7 @@ sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
 from kcla_mm.analysis.key_similarity import (  # noqa: E402
     la_key_similarity, mean_off_diagonal)
 from kcla_mm.analysis.model_loading import (  # noqa: E402
-    backbone_config, describe_weights, load_backbone, parse_checkpoint_arg,
-    read_image)
+    config_and_backbone, describe_weights, load_backbone, read_image)
 
 
 def parse_args(argv=None):
@@ -48,14 +47,7 @@ def main(argv=None):
     args = parse_args(argv)
     MMLogger.get_current_instance().setLevel(logging.WARNING)
     torch.manual_seed(0)
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    checkpoint = parse_checkpoint_arg(args.checkpoint, args.random_init)
-    la_cfg = backbone_config(cfg)
-    if la_cfg.get('type') != 'LAResNet':
-        raise ValueError(f'{args.config}: backbone type='
-                         f'{la_cfg.get("type")!r}, expected LAResNet')
+    cfg, checkpoint, la_cfg = config_and_backbone(args, 'LAResNet')
     model = load_backbone(cfg, checkpoint, la_cfg)
     matrices = la_key_similarity(model, read_image(args.image, args.size,
                                                    cfg))

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 import torch
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 from mmengine.logging import MMLogger
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
@@ -32,8 +32,7 @@ sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
 from kcla_mm.analysis.layer_contributions import (  # noqa: E402
     kcla_normalised_weights, mrla_light_shares)
 from kcla_mm.analysis.model_loading import (  # noqa: E402
-    backbone_config, describe_weights, load_backbone, parse_checkpoint_arg,
-    read_image)
+    config_and_backbone, describe_weights, load_backbone, read_image)
 
 # KCLA-only options that MRLA-light does not take.
 KCLA_ONLY = ('temperature_range', 'clamp', 'kcla_drop_path', 'renorm_blocks')
@@ -85,14 +84,7 @@ def main(argv=None):
     args = parse_args(argv)
     MMLogger.get_current_instance().setLevel(logging.WARNING)
     torch.manual_seed(0)
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    checkpoint = parse_checkpoint_arg(args.checkpoint, args.random_init)
-    kcla_cfg = backbone_config(cfg)
-    if kcla_cfg.get('type') != 'KCLAResNet':
-        raise ValueError(f'{args.config}: backbone type='
-                         f'{kcla_cfg.get("type")!r}, expected KCLAResNet')
+    cfg, checkpoint, kcla_cfg = config_and_backbone(args, 'KCLAResNet')
     kcla = load_backbone(cfg, checkpoint, kcla_cfg)
     mrlal_cfg = {k: v for k, v in kcla_cfg.items() if k not in KCLA_ONLY}
     mrlal_cfg['type'] = 'MRLALResNet'

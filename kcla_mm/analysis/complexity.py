@@ -61,6 +61,19 @@ def attention_modules(model: nn.Module) -> Iterator[Tuple[str, nn.Module]]:
             yield f'{layer_name}.{j}.{attr}', getattr(block, attr)
 
 
+def eval_forward_with_hooks(model: nn.Module, inputs: Tensor,
+                            handles: List) -> None:
+    """One eval forward without autograd, then removes ``handles`` (the
+    hooks that recorded what the caller wants), also when it fails."""
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def tensor_bytes(obj) -> int:
     """Bytes of the distinct storages of the tensors in ``obj`` (a tensor
     or a nest of tuples/lists/dicts of them)."""
@@ -92,13 +105,7 @@ def inference_state_bytes(model: nn.Module, inputs: Tensor) -> int:
             lambda m, args, out: sizes.append(tensor_bytes(out[1])))
         for _, module in attention_modules(model)
     ]
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    eval_forward_with_hooks(model, inputs, handles)
     return max(sizes, default=0)
 
 

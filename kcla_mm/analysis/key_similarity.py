@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from kcla_mm.models.layers import LALayer
-from .complexity import attention_modules
+from .complexity import attention_modules, eval_forward_with_hooks
 
 
 def la_key_similarity(model: nn.Module, x: Tensor) -> List[Tensor]:
@@ -35,13 +35,7 @@ def la_key_similarity(model: nn.Module, x: Tensor) -> List[Tensor]:
             lambda m, args, out: caches.append((m, out[1].keys)))
         for module in last_of_stage.values()
     ]
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
+    eval_forward_with_hooks(model, x, handles)
     matrices = []
     for module, keys in caches:
         n, t, _ = keys.shape

@@ -20,7 +20,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.models.layers import KCLALayer, MRLALightLayer
 from kcla_mm.models.layers.kcla_layer import spatial_mean
-from .complexity import attention_modules
+from .complexity import attention_modules, eval_forward_with_hooks
 
 
 def _lineage(coef: Tensor, heads: int) -> Tensor:
@@ -58,13 +58,7 @@ def kcla_normalised_weights(model: nn.Module, x: Tensor) -> List[Tensor]:
             raise TypeError(f'{type(model).__name__} is not a KCLA backbone')
         handles += [module.register_forward_pre_hook(before),
                     module.register_forward_hook(after)]
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
+    eval_forward_with_hooks(model, x, handles)
 
     rows, coef, z = [], None, None
     for rec in records:
@@ -131,11 +125,5 @@ def mrla_light_shares(model: nn.Module, x: Tensor) -> List[Tensor]:
             raise TypeError(f'{type(model).__name__} is not an MRLA-light '
                             'backbone')
         handles.append(module.register_forward_pre_hook(before))
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
+    eval_forward_with_hooks(model, x, handles)
     return rows

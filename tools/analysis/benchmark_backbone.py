@@ -19,13 +19,14 @@ import logging
 import os
 import sys
 import statistics
-import time
-from typing import Callable, Dict
+from typing import Dict
 
 import torch
 from mmengine.logging import MMLogger
 from mmdet.models.backbones import ResNet
 
+from kcla_mm.analysis.timing import (alternating_times, eval_step,
+                                    train_step)
 from kcla_mm.models import KCLAResNet
 
 
@@ -64,16 +65,6 @@ def build_models(depth: int, device: str) -> Dict[str, torch.nn.Module]:
     return models
 
 
-def timed(fn: Callable[[], None], device: str) -> float:
-    if device.startswith('cuda'):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.startswith('cuda'):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 def saved_activation_bytes(model, x) -> int:
     """Bytes that autograd keeps for the backward pass of one train step
     (each storage counted once): the activation memory of training."""
@@ -110,27 +101,14 @@ def main():
     x_train = torch.randn(args.train_batch, 3, args.size, args.size,
                           device=args.device)
 
-    def eval_step(model):
-        model.eval()
-        with torch.no_grad():
-            model(x_eval)
-
-    def train_step(model):
-        model.train()
-        model.zero_grad(set_to_none=True)
-        outs = model(x_train)
-        sum(o.mean() for o in outs).backward()
-
-    results = {(name, mode): [] for name in models
-               for mode in ('eval', 'train')}
-    for mode, step in (('eval', eval_step), ('train', train_step)):
-        if mode not in args.modes:
-            continue
-        for i in range(args.warmup + args.repeats):
-            for name, model in models.items():
-                elapsed = timed(lambda: step(model), args.device)
-                if i >= args.warmup:
-                    results[(name, mode)].append(elapsed)
+    steps = {'eval': eval_step(x_eval), 'train': train_step(x_train)}
+    results = {}
+    # One mode at a time, so that eval rounds do not run between train steps.
+    for mode in ('eval', 'train'):
+        if mode in args.modes:
+            results.update(alternating_times(
+                models, {mode: steps[mode]}, args.warmup, args.repeats,
+                args.device))
 
     print(f'KCLAResNet-{args.depth} vs ResNet-{args.depth} on {args.device}, '
           f'{args.threads} thread(s), torch {torch.__version__}, malloc '

@@ -35,7 +35,6 @@ import logging
 import os
 import os.path as osp
 import sys
-import time
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -48,6 +47,8 @@ sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
 
 from kcla_mm.analysis.complexity import (  # noqa: E402
     count_flops, inference_state_bytes, train_step_peak_bytes)
+from kcla_mm.analysis.timing import (  # noqa: E402
+    alternating_times, eval_step, train_step)
 from kcla_mm.models import KCLAResNet, LAResNet, MRLALResNet  # noqa: E402
 
 METHODS = {
@@ -153,27 +154,9 @@ def measure(args) -> List[Dict]:
                 state_mib=inference_state_bytes(model, x_eval) / 2**20,
                 train_peak_mib=train_step_peak_bytes(model, x_train) / 2**20))
 
-        def eval_step(model):
-            model.eval()
-            with torch.no_grad():
-                model(x_eval)
-
-        def train_step(model):
-            model.train()
-            model.zero_grad(set_to_none=True)
-            sum(o.mean() for o in model(x_train)).backward()
-
-        # Alternate the models run by run so that noise hits all alike.
-        times = {(m, k): [] for m in models for k in ('eval', 'train')}
-        for i in range(args.warmup + args.repeats):
-            for method, model in models.items():
-                for kind, step in (('eval', eval_step),
-                                   ('train', train_step)):
-                    start = time.perf_counter()
-                    step(model)
-                    if i >= args.warmup:
-                        times[(method, kind)].append(time.perf_counter() -
-                                                     start)
+        times = alternating_times(
+            models, {'eval': eval_step(x_eval), 'train': train_step(x_train)},
+            args.warmup, args.repeats)
         for row in rows[-len(models):]:
             for kind in ('eval', 'train'):
                 row[f'{kind}_ms'] = min(times[(row['method'], kind)]) * 1e3

@@ -127,6 +127,16 @@ def build_state_adapter(conv_cfg: Optional[dict], state_channels: int,
         bias=False)
 
 
+def add_branch(x: Tensor, branch: Tensor, drop_path: float,
+               training: bool) -> Tensor:
+    """x + DropPath(branch), per sample, out of place."""
+    if training and drop_path > 0:
+        keep = 1 - drop_path
+        mask = x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep)
+        return torch.addcmul(x, branch, mask.div_(keep))
+    return x + branch
+
+
 def head_temperatures(num_heads: int,
                       temperature_range: Sequence[float]) -> Tensor:
     """Per-head temperatures tau_h: reciprocals of a log-uniform sequence.
@@ -289,12 +299,8 @@ class KCLALayer(BaseModule):
                                                            None])
         # gate * DWConv(U / (Z + eps)) == DWConv(U * gate / (Z + eps)).
         out = self._value(u, gate / (z + STATE_EPS), x.dtype)
-        if self.training and self.drop_path > 0:
-            keep = 1 - self.drop_path
-            mask = x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep)
-            x = torch.addcmul(x, out, mask.div_(keep))
-        elif torch.is_grad_enabled():
-            x = x + out
+        if (self.training and self.drop_path > 0) or torch.is_grad_enabled():
+            x = add_branch(x, out, self.drop_path, self.training)
         else:
             x = x.add_(out)
         return x, KCLAState(u, z)

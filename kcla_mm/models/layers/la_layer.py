@@ -20,8 +20,8 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .kcla_layer import (build_state_adapter, check_branch_args, eca_conv1d,
-                         head_scaled_add, spatial_mean)
+from .kcla_layer import (add_branch, build_state_adapter, check_branch_args,
+                         eca_conv1d, head_scaled_add, spatial_mean)
 
 
 class LAState(NamedTuple):
@@ -157,11 +157,5 @@ class LALayer(BaseModule):
             aggregate = head_scaled_add(aggregate, weights[..., i], value)
         out = F.relu(
             self.norm(self.value_conv(aggregate.to(x.dtype))), inplace=True)
-        if self.training and self.drop_path > 0:
-            keep = 1 - self.drop_path
-            mask = x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep)
-            # Not in place: x itself is cached as this block's value.
-            x = torch.addcmul(x, out, mask.div_(keep))
-        else:
-            x = x + out
-        return x, state
+        # Out of place: x itself is cached as this block's value.
+        return add_branch(x, out, self.drop_path, self.training), state

@@ -24,8 +24,8 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .kcla_layer import (build_state_adapter, check_branch_args, eca_conv1d,
-                         head_scaled_add, spatial_mean)
+from .kcla_layer import (add_branch, build_state_adapter, check_branch_args,
+                         eca_conv1d, head_scaled_add, spatial_mean)
 
 
 class MRLALightLayer(BaseModule):
@@ -136,11 +136,5 @@ class MRLALightLayer(BaseModule):
                                  'receives_state=False but got a state')
             out = torch.addcmul(out, self.adapt(state),
                                 self.decay.view(1, -1, 1, 1).to(out.dtype))
-        branch = self.norm(out)
-        if self.training and self.drop_path > 0:
-            keep = 1 - self.drop_path
-            mask = x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep)
-            x = torch.addcmul(x, branch, mask.div_(keep))
-        else:
-            x = x + branch
-        return x, out
+        return add_branch(x, self.norm(out), self.drop_path,
+                          self.training), out

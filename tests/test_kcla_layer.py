@@ -137,3 +137,45 @@ def test_drop_path_only_in_training():
 def test_bad_head_dim_is_named():
     with pytest.raises(ValueError, match='head_dim=48'):
         KCLALayer(256, head_dim=48)
+
+
+@pytest.mark.parametrize('norm', ['BN', 'GN'])
+@pytest.mark.parametrize('case', ['first', 'carry', 'adapt', 'renorm'])
+def test_inference_path_matches_the_autograd_path(case, norm):
+    """Without autograd the layer runs fused ops in place; in float64 they
+    must give what the differentiable path gives, state included."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        norm_cfg = (dict(type='BN') if norm == 'BN' else dict(
+            type='GN', num_groups=4))
+        kwargs = dict(state_channels=128, state_stride=2) \
+            if case == 'adapt' else {}
+        layer = KCLALayer(
+            256, renorm=case in ('adapt', 'renorm'), norm_cfg=norm_cfg,
+            **kwargs)
+        randomise_(layer)
+        layer.eval()
+        n, h, w = 3, 9, 7
+        x = torch.rand(n, 256, h, w)
+        state = None
+        if case != 'first':
+            c_in, size = (128, (17, 13)) if case == 'adapt' else (256,
+                                                                   (h, w))
+            state = KCLAState(
+                torch.rand(n, c_in, *size) * 5,
+                torch.rand(n, c_in // 64) + 0.5)
+        y_ref, state_ref = layer(x, state)  # grad mode: never in place
+        assert y_ref.grad_fn is not None
+        x_in = x.clone()
+        state_in = None if state is None else KCLAState(
+            state.u.clone(), state.z.clone())
+        with torch.no_grad():
+            y, new_state = layer(x_in, state_in)
+        for ours, ref in ((y, y_ref), (new_state.u, state_ref.u),
+                          (new_state.z, state_ref.z)):
+            torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+        if norm == 'BN':
+            # The fused path updates the block output in place.
+            assert y.data_ptr() == x_in.data_ptr()
+    finally:
+        torch.set_default_dtype(torch.float32)

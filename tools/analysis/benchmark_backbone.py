@@ -7,12 +7,13 @@ ratios. It asserts nothing: speed is a measurement, not a test.
     python tools/analysis/benchmark_backbone.py --depth 50 --threads 1
 
 ``--keep-freed-memory`` re-runs the script with glibc's malloc told to keep
-freed blocks instead of returning them to the OS: by default every tensor
-above the mmap threshold is mapped and unmapped per allocation, and on this
-project's VM the page faults of re-touching it cost more than the conv
-that fills it (a 8x256x56x56 depthwise conv: 48 ms by default, 13 ms so).
-It is the same effect that jemalloc/tcmalloc remove in Intel's CPU tuning
-guides; it helps both models.
+freed blocks instead of returning them to the OS (mmap threshold at its
+32 MiB maximum, trim threshold 4 GiB): by default large tensors are mapped
+and unmapped, or the heap trimmed, per allocation, and on this project's VM
+the page faults of touching fresh pages cost more than most ops that fill
+them (allocating an 8x256x56x56 sum: 15 ms by default, 3.6 ms so; an
+in-place add of the same size: 2 ms). It is the effect that jemalloc and
+tcmalloc remove in Intel's CPU tuning guides; it helps both models.
 """
 import argparse
 import logging
@@ -81,9 +82,12 @@ def saved_activation_bytes(model, x) -> int:
     return sum(storages.values())
 
 
-# Values glibc reads only at process start, hence the re-run.
+# Values glibc reads only at process start, hence the re-run. 32 MiB is the
+# largest mmap threshold glibc accepts on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX);
+# a larger value is silently ignored and every allocation above 128 KiB is
+# mapped again.
 KEEP_FREED_MEMORY_ENV = {
-    'MALLOC_MMAP_THRESHOLD_': str(2**32),
+    'MALLOC_MMAP_THRESHOLD_': str(32 * 2**20),
     'MALLOC_TRIM_THRESHOLD_': str(2**32),
 }
 

@@ -327,18 +327,10 @@ class KCLALayer(BaseModule):
         weight = self._heads(self.value_conv.weight.view(1, c, 3, 3))
         weight = weight * scale[..., None, None, None]
         bias = None
-        norm = self.norm
-        fold_norm = (
-            isinstance(norm, _BatchNorm) and not norm.training
-            and norm.track_running_stats)
+        fold_norm = _is_frozen_bn(self.norm)
         if fold_norm:
             # Eval-mode BN is a per-channel affine map: fold it in too.
-            bn_scale = torch.rsqrt(norm.running_var + norm.eps)
-            if norm.weight is not None:
-                bn_scale = norm.weight * bn_scale
-            bias = -norm.running_mean * bn_scale
-            if norm.bias is not None:
-                bias = bias + norm.bias
+            bn_scale, bias = _bn_affine(self.norm)
             weight = weight * self._heads(bn_scale.view(1, c, 1, 1))
             bias = bias.repeat(n)
         v = F.conv2d(
@@ -352,7 +344,7 @@ class KCLALayer(BaseModule):
             # in-place op on a view makes autograd copy the whole tensor
             # back (CopySlices) and hand the conv a strided gradient.
             return F.relu(v, inplace=True).view_as(u)
-        return F.relu(norm(v.view_as(u)), inplace=True)
+        return F.relu(self.norm(v.view_as(u)), inplace=True)
 
     # Inference: the same equations in fewer, fused ops. In eval mode a
     # layer at 7x7 does about a microsecond of arithmetic per op and several
@@ -363,15 +355,14 @@ class KCLALayer(BaseModule):
         if torch.is_grad_enabled() or torch.is_autocast_enabled(
                 x.device.type):
             return False
-        norms = [self.norm] + ([self.state_norm] if self.renorm else [])
-        return (all(_is_frozen_bn(norm) for norm in norms)
-                and x.dtype == self.value_conv.weight.dtype
+        return (_is_frozen_bn(self.norm) and x.dtype == self.value_conv.weight.dtype
                 and (state is None or state.u.dtype == x.dtype))
 
     def _forward_inference(self, x: Tensor, state: Optional[KCLAState]
                            ) -> Tuple[Tensor, KCLAState]:
         if state is not None and self.renorm:
-            state = self._renormalise_inference(state)
+            # Three times per network: not worth a copy of its own.
+            state = self.renormalise(state)
         n, c, h, w = x.shape
         heads = self.num_heads
         # Q and K in one conv1d of two output channels over the pooled x.
@@ -386,13 +377,12 @@ class KCLALayer(BaseModule):
         q_cos = torch.linalg.vecdot(query, key) / k_norm.clamp_min(1e-12)
         gate = torch.sigmoid(F.linear(q_cos, self.head_mix.weight))
 
-        x_heads = x.view(n, heads, -1)
         if state is None:
-            u = (x_heads * weight[..., None]).view_as(x)
-            z = weight
+            u, z = head_scaled_add(None, weight, x), weight
         else:
             u, z = state.u, state.z + weight
-            u.view(n, heads, -1).addcmul_(x_heads, weight[..., None])
+            u.view(n, heads, -1).addcmul_(
+                x.view(n, heads, -1), weight[..., None])
         # ReLU(BN(gate * DWConv(U / (Z + eps)))) as one depthwise conv of
         # N * C groups whose per-sample kernel carries gate / (Z + eps) and
         # BN's scale, and whose bias is BN's shift.
@@ -408,30 +398,6 @@ class KCLALayer(BaseModule):
             groups=n * c).relu_()
         return x.add_(v.view_as(x)), KCLAState(u, z)
 
-    def _renormalise_inference(self, state: KCLAState) -> KCLAState:
-        """Algorithm 1 in place on ``state.u`` where the shape allows."""
-        n, prev_heads = state.z.shape
-        a = state.u
-        a.view(n, prev_heads, -1).div_(state.z[..., None])
-        bn_scale, bn_shift = _bn_affine(self.state_norm)
-        if self.state_adapt is not None:
-            # The eval-mode norm folded into the adapter's output channels.
-            conv = self.state_adapt
-            kernel = conv.weight * bn_scale.view(-1, 1, 1, 1)
-            a = F.conv2d(a, kernel, bn_shift, conv.stride, conv.padding,
-                         conv.dilation, conv.groups)
-        else:
-            a = torch.addcmul(bn_shift.view(-1, 1, 1), a,
-                              bn_scale.view(-1, 1, 1))
-        key = F.conv1d(
-            a.mean((2, 3))[:, None],
-            self.state_key_conv.weight,
-            padding=self.state_key_conv.padding).view(
-                n, self.num_heads, self.head_dim)
-        z = self._layer_weight(torch.linalg.vector_norm(key, dim=2))
-        a.view(n, self.num_heads, -1).mul_(z[..., None])
-        return KCLAState(a, z)
-
 
 def _is_frozen_bn(norm: nn.Module) -> bool:
     """Whether ``norm`` is a BN that applies its running statistics."""
@@ -444,6 +410,5 @@ def _bn_affine(norm: _BatchNorm) -> Tuple[Tensor, Tensor]:
     scale = torch.rsqrt(norm.running_var + norm.eps)
     if norm.weight is not None:
         scale = scale * norm.weight
-    if norm.bias is None:
-        return scale, -norm.running_mean * scale
-    return scale, torch.addcmul(norm.bias, norm.running_mean, scale, value=-1)
+    shift = -norm.running_mean * scale
+    return scale, shift if norm.bias is None else shift + norm.bias

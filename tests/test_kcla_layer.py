@@ -174,8 +174,7 @@ def test_inference_path_matches_the_autograd_path(case, norm):
         for ours, ref in ((y, y_ref), (new_state.u, state_ref.u),
                           (new_state.z, state_ref.z)):
             torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
-        if norm == 'BN':
-            # The fused path updates the block output in place.
-            assert y.data_ptr() == x_in.data_ptr()
+        # The inference path updates the block output in place.
+        assert y.data_ptr() == x_in.data_ptr()
     finally:
         torch.set_default_dtype(torch.float32)

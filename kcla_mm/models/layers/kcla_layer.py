@@ -352,10 +352,10 @@ class KCLALayer(BaseModule):
 
     def _can_run_inference(self, x: Tensor,
                            state: Optional[KCLAState]) -> bool:
-        if torch.is_grad_enabled() or torch.is_autocast_enabled(
-                x.device.type):
+        if (torch.is_grad_enabled() or self.training
+                or torch.is_autocast_enabled(x.device.type)):
             return False
-        return (_is_frozen_bn(self.norm) and x.dtype == self.value_conv.weight.dtype
+        return (x.dtype == self.value_conv.weight.dtype
                 and (state is None or state.u.dtype == x.dtype))
 
     def _forward_inference(self, x: Tensor, state: Optional[KCLAState]
@@ -363,7 +363,7 @@ class KCLALayer(BaseModule):
         if state is not None and self.renorm:
             # Three times per network: not worth a copy of its own.
             state = self.renormalise(state)
-        n, c, h, w = x.shape
+        n = x.shape[0]
         heads = self.num_heads
         # Q and K in one conv1d of two output channels over the pooled x.
         qk = F.conv1d(
@@ -383,20 +383,8 @@ class KCLALayer(BaseModule):
             u, z = state.u, state.z + weight
             u.view(n, heads, -1).addcmul_(
                 x.view(n, heads, -1), weight[..., None])
-        # ReLU(BN(gate * DWConv(U / (Z + eps)))) as one depthwise conv of
-        # N * C groups whose per-sample kernel carries gate / (Z + eps) and
-        # BN's scale, and whose bias is BN's shift.
-        bn_scale, bn_shift = _bn_affine(self.norm)
-        kernel = self.value_conv.weight.view(c, 9) * bn_scale[:, None]
-        kernel = kernel.view(1, heads, self.head_dim, 9) * (
-            gate / (z + STATE_EPS))[..., None, None]
-        v = F.conv2d(
-            u.view(1, n * c, h, w),
-            kernel.view(n * c, 1, 3, 3),
-            bn_shift.repeat(n) if n > 1 else bn_shift,
-            padding=1,
-            groups=n * c).relu_()
-        return x.add_(v.view_as(x)), KCLAState(u, z)
+        out = self._value(u, gate / (z + STATE_EPS), x.dtype)
+        return x.add_(out), KCLAState(u, z)
 
 
 def _is_frozen_bn(norm: nn.Module) -> bool:

@@ -141,9 +141,9 @@ def test_bad_head_dim_is_named():
 
 @pytest.mark.parametrize('norm', ['BN', 'GN'])
 @pytest.mark.parametrize('case', ['first', 'carry', 'adapt', 'renorm'])
-def test_inference_path_matches_the_autograd_path(case, norm):
-    """Without autograd the layer runs fused ops in place; in float64 they
-    must give what the differentiable path gives, state included."""
+def test_no_grad_path_matches_the_autograd_path(case, norm):
+    """Without autograd the layer updates the state and x in place; in
+    float64 that must give what the differentiable path gives."""
     torch.set_default_dtype(torch.float64)
     try:
         norm_cfg = (dict(type='BN') if norm == 'BN' else dict(
@@ -174,7 +174,7 @@ def test_inference_path_matches_the_autograd_path(case, norm):
         for ours, ref in ((y, y_ref), (new_state.u, state_ref.u),
                           (new_state.z, state_ref.z)):
             torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
-        # The inference path updates the block output in place.
+        # Without autograd the block output is updated in place.
         assert y.data_ptr() == x_in.data_ptr()
     finally:
         torch.set_default_dtype(torch.float32)

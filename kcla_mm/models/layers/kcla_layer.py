@@ -277,21 +277,26 @@ class KCLALayer(BaseModule):
 
         Without autograd, ``x`` and ``state`` are updated in place.
         """
-        if self._can_run_inference(x, state):
-            return self._forward_inference(x, state)
         if state is not None and self.renorm:
             state = self.renormalise(state)
 
-        pooled = spatial_mean(x)
-        query = self._pooled_conv(self.query_conv, pooled)
-        key = self._pooled_conv(self.key_conv, pooled)
-        k_norm = key.norm(dim=2)
+        # Q and K in one conv1d of two output channels: at batch 1 an op on
+        # pooled vectors costs microseconds of dispatch, not of arithmetic.
+        qk = F.conv1d(
+            spatial_mean(x)[:, None],
+            torch.cat([self.query_conv.weight, self.key_conv.weight]),
+            padding=self.query_conv.padding)
+        query, key = _at_least_fp32(qk).view(-1, 2, self.num_heads,
+                                             self.head_dim).unbind(1)
+        k_norm = torch.linalg.vector_norm(key, dim=2)
         weight = self._layer_weight(k_norm)
         # ||Q|| cos(theta) = <Q, K> / ||K||; the clamp only guards K = 0.
-        q_cos = (query * key).sum(2) / k_norm.clamp_min(1e-12)
+        q_cos = torch.linalg.vecdot(query, key) / k_norm.clamp_min(1e-12)
         gate = torch.sigmoid(
             _at_least_fp32(
-                self.head_mix(q_cos.to(self.head_mix.weight.dtype))))
+                F.linear(
+                    q_cos.to(self.head_mix.weight.dtype),
+                    self.head_mix.weight)))
 
         if state is None:
             u, z = head_scaled_add(None, weight, x), weight
@@ -345,46 +350,6 @@ class KCLALayer(BaseModule):
             # back (CopySlices) and hand the conv a strided gradient.
             return F.relu(v, inplace=True).view_as(u)
         return F.relu(self.norm(v.view_as(u)), inplace=True)
-
-    # Inference: the same equations in fewer, fused ops. In eval mode a
-    # layer at 7x7 does about a microsecond of arithmetic per op and several
-    # of Python and dispatch, so op count is what the latency is made of.
-
-    def _can_run_inference(self, x: Tensor,
-                           state: Optional[KCLAState]) -> bool:
-        if (torch.is_grad_enabled() or self.training
-                or torch.is_autocast_enabled(x.device.type)):
-            return False
-        return (x.dtype == self.value_conv.weight.dtype
-                and (state is None or state.u.dtype == x.dtype))
-
-    def _forward_inference(self, x: Tensor, state: Optional[KCLAState]
-                           ) -> Tuple[Tensor, KCLAState]:
-        if state is not None and self.renorm:
-            # Three times per network: not worth a copy of its own.
-            state = self.renormalise(state)
-        n = x.shape[0]
-        heads = self.num_heads
-        # Q and K in one conv1d of two output channels over the pooled x.
-        qk = F.conv1d(
-            x.mean((2, 3))[:, None],
-            torch.cat([self.query_conv.weight, self.key_conv.weight]),
-            padding=self.query_conv.padding).view(n, 2, heads,
-                                                  self.head_dim)
-        query, key = qk.unbind(1)
-        k_norm = torch.linalg.vector_norm(key, dim=2)
-        weight = self._layer_weight(k_norm)
-        q_cos = torch.linalg.vecdot(query, key) / k_norm.clamp_min(1e-12)
-        gate = torch.sigmoid(F.linear(q_cos, self.head_mix.weight))
-
-        if state is None:
-            u, z = head_scaled_add(None, weight, x), weight
-        else:
-            u, z = state.u, state.z + weight
-            u.view(n, heads, -1).addcmul_(
-                x.view(n, heads, -1), weight[..., None])
-        out = self._value(u, gate / (z + STATE_EPS), x.dtype)
-        return x.add_(out), KCLAState(u, z)
 
 
 def _is_frozen_bn(norm: nn.Module) -> bool:

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.models.layers import KCLALayer, MRLALightLayer
-from kcla_mm.models.layers.kcla_layer import spatial_mean
+from kcla_mm.models.layers.kcla_layer import bn_affine, spatial_mean
 from .complexity import attention_modules, eval_forward_with_hooks
 
 
@@ -84,9 +84,7 @@ def _linear_part(norm: nn.Module, t: Tensor) -> Tensor:
     if not isinstance(norm, _BatchNorm) or norm.training:
         raise TypeError('MRLA-light contributions need eval-mode BN state '
                         f'norms, got {type(norm).__name__}')
-    scale = torch.rsqrt(norm.running_var + norm.eps)
-    if norm.weight is not None:
-        scale = scale * norm.weight
+    scale, _ = bn_affine(norm)
     return t * scale.view(1, -1, 1, 1)
 
 

@@ -335,7 +335,7 @@ class KCLALayer(BaseModule):
         fold_norm = _is_frozen_bn(self.norm)
         if fold_norm:
             # Eval-mode BN is a per-channel affine map: fold it in too.
-            bn_scale, bias = _bn_affine(self.norm)
+            bn_scale, bias = bn_affine(self.norm)
             weight = weight * self._heads(bn_scale.view(1, c, 1, 1))
             bias = bias.repeat(n)
         v = F.conv2d(
@@ -358,7 +358,7 @@ def _is_frozen_bn(norm: nn.Module) -> bool:
             and norm.track_running_stats)
 
 
-def _bn_affine(norm: _BatchNorm) -> Tuple[Tensor, Tensor]:
+def bn_affine(norm: _BatchNorm) -> Tuple[Tensor, Tensor]:
     """Eval-mode BN as y = scale * x + shift, per channel."""
     scale = torch.rsqrt(norm.running_var + norm.eps)
     if norm.weight is not None:

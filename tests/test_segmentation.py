@@ -214,7 +214,10 @@ def test_short_training_on_synthetic_isic_learns(tmp_path, repo_root):
                            'default_hooks.checkpoint.interval=80',
                            'default_hooks.logger.interval=20',
                            'train_dataloader.batch_size=4',
-                           'param_scheduler.0.end=80', size=96))
+                           'param_scheduler.0.end=80',
+                           # Unseeded, one of seven runs stayed at
+                           # all-background after 80 iterations.
+                           'randomness.seed=0', size=96))
     got = {k: float(v) for k, v in re.findall(
         r'(mDice|Dice\.lesion): (-?[\d.]+)', log)}
     baseline = all_background_mdice(data / 'ann_dir' / 'val')

@@ -178,3 +178,54 @@ def test_no_grad_path_matches_the_autograd_path(case, norm):
         assert y.data_ptr() == x_in.data_ptr()
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize('n', [1, 3])
+@pytest.mark.parametrize('mode', ['train', 'eval', 'no_grad'])
+@pytest.mark.parametrize('case', ['first', 'carry', 'adapt'])
+def test_channels_last_keeps_its_format_and_values(case, mode, n):
+    """A channels_last model keeps its state channels_last (a state in the
+    other format makes every update a transposing copy) and computes what
+    the contiguous model computes."""
+    torch.manual_seed(0)
+    kwargs = dict(state_channels=128, state_stride=2) \
+        if case == 'adapt' else {}
+    layer = randomise_(
+        KCLALayer(256, renorm=case == 'adapt', drop_path=0., **kwargs))
+    layer.train(mode == 'train')
+    x = torch.rand(n, 256, 9, 7)
+    state = None
+    if case != 'first':
+        c_in, size = (128, (17, 13)) if case == 'adapt' else (256, (9, 7))
+        state = KCLAState(
+            torch.rand(n, c_in, *size) * 5, torch.rand(n, c_in // 64) + 0.5)
+    channels_last = torch.channels_last
+
+    def run(memory_format):
+        inputs = x.clone(memory_format=memory_format)
+        inputs.requires_grad_(mode != 'no_grad')
+        layer_state = None if state is None else KCLAState(
+            state.u.clone(memory_format=memory_format), state.z.clone())
+        with torch.set_grad_enabled(mode != 'no_grad'):
+            y, new_state = layer(inputs, layer_state)
+        grads = None
+        if mode != 'no_grad':
+            grads = torch.autograd.grad(
+                (y * y).sum() + new_state.u.sum(),
+                [inputs] + list(layer.parameters()))
+        return y, new_state, grads
+
+    y_ref, state_ref, grads_ref = run(torch.contiguous_format)
+    y, new_state, grads = run(channels_last)
+    assert y.is_contiguous(memory_format=channels_last)
+    assert new_state.u.is_contiguous(memory_format=channels_last)
+    # fp32 sums in another order (convs, weight gradients), scaled by
+    # weights up to e^10 in the state: tolerances relative to the largest
+    # entry.
+    pairs = [(y, y_ref, 1e-5), (new_state.u, state_ref.u, 1e-5),
+             (new_state.z, state_ref.z, 1e-5)]
+    if grads is not None:
+        pairs += [(ours, ref, 1e-4) for ours, ref in zip(grads, grads_ref)]
+    for ours, ref, tol in pairs:
+        torch.testing.assert_close(
+            ours, ref, rtol=1e-4, atol=tol * ref.abs().max().item())

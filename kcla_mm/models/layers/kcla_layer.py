@@ -53,14 +53,16 @@ def head_scaled_add(base: Optional[Tensor], scale: Tensor,
     """``base + scale * t`` with one scale per (sample, head).
 
     ``t`` and ``base`` are (N, C, H, W), ``scale`` is (N, heads); the result
-    has at least ``scale``'s precision (the state is never fp16). In
-    full precision this runs as a batched outer product: its backward gets
-    the scale's gradient from a dot product, where an elementwise
-    multiply would first write a state-sized product to memory.
+    has at least ``scale``'s precision (the state is never fp16) and, when
+    ``t`` is channels_last, stays channels_last. For contiguous full
+    precision this runs as a batched outer product: its backward gets the
+    scale's gradient from a dot product, where an elementwise multiply
+    would first write a state-sized product to memory.
     """
     n, heads = scale.shape
-    if t.dtype == scale.dtype and not torch.is_autocast_enabled(
-            t.device.type):
+    if (t.dtype == scale.dtype and t.is_contiguous()
+            and (base is None or base.is_contiguous())
+            and not torch.is_autocast_enabled(t.device.type)):
         flat = (n * heads, 1, -1)
         scale_3d = scale.reshape(n * heads, 1, 1)
         if base is None:
@@ -69,14 +71,14 @@ def head_scaled_add(base: Optional[Tensor], scale: Tensor,
             out = torch.baddbmm(base.reshape(flat), scale_3d,
                                 t.reshape(flat))
         return out.view(t.shape)
-    # Low precision: elementwise ops promote to the scale's fp32 (bmm would
-    # be autocast to fp16).
-    t_heads = t.reshape(n, heads, -1)
-    scale_3d = scale[..., None]
+    # Elementwise with one scale per channel: a (N, heads, -1) reshape would
+    # copy a channels_last tensor, and bmm would be autocast to fp16 (these
+    # ops promote to the scale's fp32 instead).
+    scale_4d = scale.repeat_interleave(t.shape[1] // heads, dim=1)[..., None,
+                                                                   None]
     if base is None:
-        return (t_heads * scale_3d).view(t.shape)
-    return torch.addcmul(base.reshape(n, heads, -1), t_heads,
-                         scale_3d).view(t.shape)
+        return t * scale_4d
+    return torch.addcmul(base, t, scale_4d)
 
 
 def spatial_mean(x: Tensor) -> Tensor:
@@ -320,13 +322,16 @@ class KCLALayer(BaseModule):
 
         ``scale`` has shape (N, heads).
         """
-        if u.dtype != dtype or torch.is_autocast_enabled(u.device.type):
+        n, c = u.shape[:2]
+        # A channels_last batch cannot merge N and C into one channel axis
+        # for the per-sample fold below.
+        if (u.dtype != dtype or torch.is_autocast_enabled(u.device.type)
+                or (n > 1 and not u.is_contiguous())):
             # The raw state may exceed the fp16 range: scale it first (the
             # scaled state is a convex mix of the block outputs).
             v = head_scaled_add(None, scale, u).to(dtype)
             return F.relu(self.norm(self.value_conv(v)), inplace=True)
 
-        n, c = u.shape[:2]
         # Per-sample, per-channel scale folded into a depthwise kernel of
         # N * C groups: (N, heads, head_dim, 3, 3).
         weight = self._heads(self.value_conv.weight.view(1, c, 3, 3))
@@ -337,9 +342,11 @@ class KCLALayer(BaseModule):
             # Eval-mode BN is a per-channel affine map: fold it in too.
             bn_scale, bias = bn_affine(self.norm)
             weight = weight * self._heads(bn_scale.view(1, c, 1, 1))
-            bias = bias.repeat(n)
+            bias = bias.repeat(n) if n > 1 else bias
         v = F.conv2d(
-            u.view(1, n * c, *u.shape[2:]),
+            # At n = 1 the view would give a channels_last u an ambiguous
+            # batch stride, and the conv would copy it to NCHW.
+            u if n == 1 else u.view(1, n * c, *u.shape[2:]),
             weight.reshape(n * c, 1, 3, 3),
             bias,
             padding=1,

@@ -47,12 +47,18 @@ def parse_args():
         '--keep-freed-memory', action='store_true',
         help='re-run with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ '
         'raised (see the module docstring)')
+    parser.add_argument(
+        '--channels-last', action='store_true',
+        help='run both models and inputs in channels_last (NHWC), where '
+        "oneDNN's depthwise conv needs no layout reorders")
     parser.add_argument('--modes', nargs='+', default=['eval', 'train'],
                         choices=['eval', 'train'])
     return parser.parse_args()
 
 
-def build_models(depth: int, device: str) -> Dict[str, torch.nn.Module]:
+def build_models(depth: int, device: str,
+                 memory_format: torch.memory_format
+                 ) -> Dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     # init_weights() logs one INFO record per parameter.
     MMLogger.get_current_instance().setLevel(logging.WARNING)
@@ -62,7 +68,7 @@ def build_models(depth: int, device: str) -> Dict[str, torch.nn.Module]:
     models = {'resnet': ResNet(**common), 'kcla': KCLAResNet(**common)}
     for model in models.values():
         model.init_weights()
-        model.to(device)
+        model.to(device, memory_format=memory_format)
     return models
 
 
@@ -99,11 +105,15 @@ def main():
         os.execve(sys.executable, [sys.executable] + sys.argv,
                   {**os.environ, **KEEP_FREED_MEMORY_ENV})
     torch.set_num_threads(args.threads)
-    models = build_models(args.depth, args.device)
+    memory_format = (torch.channels_last
+                     if args.channels_last else torch.contiguous_format)
+    models = build_models(args.depth, args.device, memory_format)
     x_eval = torch.randn(args.eval_batch, 3, args.size, args.size,
-                         device=args.device)
+                         device=args.device).contiguous(
+                             memory_format=memory_format)
     x_train = torch.randn(args.train_batch, 3, args.size, args.size,
-                          device=args.device)
+                          device=args.device).contiguous(
+                              memory_format=memory_format)
 
     steps = {'eval': eval_step(x_eval), 'train': train_step(x_train)}
     results = {}
@@ -115,7 +125,9 @@ def main():
                 args.device))
 
     print(f'KCLAResNet-{args.depth} vs ResNet-{args.depth} on {args.device}, '
-          f'{args.threads} thread(s), torch {torch.__version__}, malloc '
+          f'{args.threads} thread(s), torch {torch.__version__}, '
+          + ('channels_last, ' if args.channels_last else 'NCHW, ') +
+          'malloc '
           + ('keeping freed memory' if args.keep_freed_memory else
              'defaults'))
     for mode, batch in (('eval', args.eval_batch),

@@ -184,7 +184,6 @@ def test_with_cp_gives_the_same_gradients():
                                    atol=1e-6, msg=name)
 
 
-
 @pytest.mark.parametrize('batch', [1, 2])
 def test_channels_last_model_gives_channels_last_outputs_of_equal_value(
         batch):
@@ -214,6 +213,7 @@ def test_channels_last_model_gives_channels_last_outputs_of_equal_value(
             torch.testing.assert_close(
                 out, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
     assert len(state_formats) == 2 * 8 and all(state_formats)
+
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 def test_autocast_state_does_not_overflow_at_depth_152(dtype):

@@ -22,6 +22,8 @@ from mmengine.analysis import FlopAnalyzer
 from mmengine.analysis.jit_handles import elementwise_flop_counter, get_shape
 from torch import Tensor
 
+from ..torch_compat import has_mem_tracker
+
 
 def _baddbmm_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
     """baddbmm(base, a, b): the bmm a @ b; the add rides along."""
@@ -112,7 +114,16 @@ def inference_state_bytes(model: nn.Module, inputs: Tensor) -> int:
 def train_step_peak_bytes(model: nn.Module, inputs: Tensor) -> int:
     """Peak memory of one train step (forward and backward) on the inputs'
     device, as torch's ``MemTracker`` accounts it: parameters, buffers,
-    gradients, activations and temporaries alive at the same time."""
+    gradients, activations and temporaries alive at the same time.
+
+    Raises:
+        RuntimeError: torch has no ``MemTracker`` (e.g. torch 2.1); check
+            :func:`kcla_mm.torch_compat.has_mem_tracker` first.
+    """
+    if not has_mem_tracker():
+        raise RuntimeError(
+            'train_step_peak_bytes needs torch.distributed._tools.'
+            f'mem_tracker, which torch {torch.__version__} does not have')
     from torch.distributed._tools.mem_tracker import MemTracker
     model.train()
     model.zero_grad(set_to_none=True)

@@ -45,9 +45,12 @@ def load_backbone(cfg: Config,
     The checkpoint may be a training checkpoint of a whole detector or
     segmentor (its ``backbone.*`` keys are used) or a backbone state dict;
     it is read with ``weights_only=True`` (mmengine's logging types
-    allow-listed) and must match the backbone exactly.
+    allow-listed; on torch < 2.6 as mmengine reads it there, see
+    :func:`kcla_mm.torch_compat.load_checkpoint_file`) and must match the
+    backbone exactly.
     """
     from kcla_mm.engine import allow_mmengine_checkpoint_types
+    from kcla_mm.torch_compat import load_checkpoint_file
     backbone_cfg = copy.deepcopy(
         backbone_cfg if backbone_cfg is not None else backbone_config(cfg))
     backbone_cfg['init_cfg'] = None
@@ -58,7 +61,7 @@ def load_backbone(cfg: Config,
         if not osp.isfile(checkpoint):
             raise FileNotFoundError(f'checkpoint {checkpoint}: no such file')
         allow_mmengine_checkpoint_types()
-        ckpt = torch.load(checkpoint, map_location='cpu', weights_only=True)
+        ckpt = load_checkpoint_file(checkpoint)
         state = ckpt.get('state_dict', ckpt)
         if any(k.startswith('backbone.') for k in state):
             state = {

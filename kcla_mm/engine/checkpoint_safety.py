@@ -6,14 +6,17 @@ plain containers unless a type is allow-listed. mmengine 0.10.7 stores its
 MessageHub (``HistoryBuffer`` objects holding numpy arrays and scalars) in
 every training checkpoint, so ``--resume`` (and testing a training
 checkpoint) fails out of the box. We allow-list exactly those types, rather
-than switching the safety off.
+than switching the safety off. torch < 2.6 has no such allow-list (nor the
+weights_only default): there mmengine unpickles its checkpoints in full, and
+:func:`allow_mmengine_checkpoint_types` does nothing.
 """
 import pickle
 from collections import Counter
 
 import numpy as np
-import torch
 from mmengine.logging import HistoryBuffer
+
+from ..torch_compat import add_safe_globals
 
 
 def _numpy_types():
@@ -40,10 +43,14 @@ def _history_buffer_getattr(obj, name: str):
         f'HistoryBuffer.{{{", ".join(_HISTORY_BUFFER_METHODS)}}} are allowed')
 
 
-def allow_mmengine_checkpoint_types() -> None:
+def allow_mmengine_checkpoint_types() -> bool:
     """Registers the non-tensor types of an mmengine training checkpoint as
-    safe for ``torch.load(weights_only=True)``."""
-    torch.serialization.add_safe_globals([
+    safe for ``torch.load(weights_only=True)``.
+
+    Returns:
+        bool: Whether this torch has the allow-list (torch >= 2.6).
+    """
+    return add_safe_globals([
         HistoryBuffer, Counter, *_numpy_types(),
         (_history_buffer_getattr, '__builtin__.getattr'),
         (_history_buffer_getattr, 'builtins.getattr'),

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..torch_compat import WEIGHTS_ONLY_ALLOW_LIST, load_checkpoint_file
 from .checkpoint_safety import allow_mmengine_checkpoint_types
 
 #: The keys a published checkpoint keeps (mmdet's ``save_keys`` default).
@@ -84,7 +85,9 @@ def _check_plain(value: Any, path: str) -> None:
 
 def load_training_checkpoint(in_file: str) -> dict:
     """Loads an mmengine checkpoint with ``weights_only=True`` (mmengine's
-    logging types allow-listed, see :mod:`.checkpoint_safety`).
+    logging types allow-listed, see :mod:`.checkpoint_safety`); on torch <
+    2.6, which has no allow-list, as mmengine loads it there
+    (:func:`kcla_mm.torch_compat.load_checkpoint_file`).
 
     Raises:
         CheckpointPublishError: ``in_file`` is missing, is not a PyTorch
@@ -94,15 +97,16 @@ def load_training_checkpoint(in_file: str) -> dict:
         raise CheckpointPublishError(f'{in_file}: no such file')
     allow_mmengine_checkpoint_types()
     try:
-        checkpoint = torch.load(in_file, map_location='cpu',
-                                weights_only=True)
+        checkpoint = load_checkpoint_file(in_file)
     # Whatever a non-checkpoint makes the unpickler raise (UnpicklingError,
     # RuntimeError, KeyError on a text file, ...), the answer is the same.
     except Exception as exc:  # noqa: B902
         first_line = str(exc).strip().splitlines()[0] if str(exc) else ''
+        loader = ('weights_only=True' if WEIGHTS_ONLY_ALLOW_LIST else
+                  'torch.load')
         raise CheckpointPublishError(
-            f'{in_file} is not a PyTorch checkpoint that loads with '
-            f'weights_only=True ({type(exc).__name__}: {first_line})'
+            f'{in_file} is not a PyTorch checkpoint that loads with {loader} '
+            f'({type(exc).__name__}: {first_line})'
         ) from exc
     if not isinstance(checkpoint, dict) or 'state_dict' not in checkpoint:
         found = (sorted(map(str, checkpoint))

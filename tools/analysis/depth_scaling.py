@@ -15,7 +15,8 @@ ResNets (Bottleneck blocks) and measures
 * the largest state a block hands to the next in an eval forward at batch 1
   (KCLA: U and Z; LA: its cache; MRLA-light: O^{t-1});
 * the peak memory of a train step (forward + backward, batch
-  ``--train-batch``) as torch's ``MemTracker`` accounts it;
+  ``--train-batch``) as torch's ``MemTracker`` accounts it (where torch
+  has none, e.g. torch 2.1, this column is ``nan`` and the tool says so);
 * eval (batch 1) and train-step latency: the fastest of ``--repeats``
   runs (on a shared machine the least disturbed one), alternating the
   models so that machine noise hits all alike.
@@ -50,6 +51,7 @@ from kcla_mm.analysis.complexity import (  # noqa: E402
 from kcla_mm.analysis.timing import (  # noqa: E402
     alternating_times, eval_step, train_step)
 from kcla_mm.models import KCLAResNet, LAResNet, MRLALResNet  # noqa: E402
+from kcla_mm.torch_compat import has_mem_tracker  # noqa: E402
 
 METHODS = {
     'ResNet': ResNet,
@@ -142,6 +144,11 @@ def build(method: str, depth: int, args) -> torch.nn.Module:
 def measure(args) -> List[Dict]:
     x_eval = torch.randn(1, 3, args.size, args.size)
     x_train = torch.randn(args.train_batch, 3, args.size, args.size)
+    with_memory = has_mem_tracker()
+    if not with_memory:
+        print(f'train-step peak memory: not measured, torch '
+              f'{torch.__version__} has no MemTracker '
+              '(torch.distributed._tools.mem_tracker)')
     rows = []
     for depth in args.depths:
         models = {m: build(m, depth, args) for m in args.methods}
@@ -152,7 +159,8 @@ def measure(args) -> List[Dict]:
                 params_m=sum(p.numel() for p in model.parameters()) / 1e6,
                 gflops=count_flops(model, x_eval) / 1e9,
                 state_mib=inference_state_bytes(model, x_eval) / 2**20,
-                train_peak_mib=train_step_peak_bytes(model, x_train) / 2**20))
+                train_peak_mib=(train_step_peak_bytes(model, x_train) / 2**20
+                                if with_memory else float('nan'))))
 
         times = alternating_times(
             models, {'eval': eval_step(x_eval), 'train': train_step(x_train)},
@@ -192,6 +200,9 @@ def report(rows: List[Dict], args) -> List[str]:
                                                  'train memory'),
                            ('state_mib', 'state memory')):
             over = [r[key] - base[r['depth']][key] for r in mine]
+            if np.isnan(over).any():
+                parts.append(f'{label} not measured')
+                continue
             order, share = fit_order(blocks, over)
             name = ('constant', 'linear', 'quadratic')[order]
             parts.append(f'{label} {name} (D^2 share {share:+.2f})')

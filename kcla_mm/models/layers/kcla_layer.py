@@ -25,6 +25,8 @@ from mmengine.model import BaseModule
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ...torch_compat import is_autocast_enabled
+
 # The official model adds this to Z before normalising the state.
 STATE_EPS = 1e-3
 
@@ -62,7 +64,7 @@ def head_scaled_add(base: Optional[Tensor], scale: Tensor,
     n, heads = scale.shape
     if (t.dtype == scale.dtype and t.is_contiguous()
             and (base is None or base.is_contiguous())
-            and not torch.is_autocast_enabled(t.device.type)):
+            and not is_autocast_enabled(t.device.type)):
         flat = (n * heads, 1, -1)
         scale_3d = scale.reshape(n * heads, 1, 1)
         if base is None:
@@ -325,7 +327,7 @@ class KCLALayer(BaseModule):
         n, c = u.shape[:2]
         # A channels_last batch cannot merge N and C into one channel axis
         # for the per-sample fold below.
-        if (u.dtype != dtype or torch.is_autocast_enabled(u.device.type)
+        if (u.dtype != dtype or is_autocast_enabled(u.device.type)
                 or (n > 1 and not u.is_contiguous())):
             # The raw state may exceed the fp16 range: scale it first (the
             # scaled state is a convex mix of the block outputs).

@@ -1,0 +1,87 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""Shims for the torch APIs that changed between the releases kcla_mm
+supports (torch >= 2.0; CI tests 2.1.2 and 2.13.0).
+
+The rest of the package calls these, never the version-specific API. Each
+shim is chosen once, at import, by the torch release that brought the API.
+"""
+import importlib.util
+from typing import Any, Sequence
+
+import torch
+from mmengine.utils import digit_version
+
+TORCH_VERSION = digit_version(torch.__version__)
+
+#: Whether ``torch.load`` reads checkpoints with ``weights_only=True`` by
+#: default and ``torch.serialization.add_safe_globals`` takes
+#: ``(callable, 'module.name')`` pairs: both came with torch 2.6. Before it,
+#: mmengine's ``torch.load`` calls unpickle checkpoints in full, so training
+#: checkpoints load without any allow-list.
+WEIGHTS_ONLY_ALLOW_LIST = TORCH_VERSION >= digit_version('2.6.0')
+
+
+# torch 2.4 gave torch.is_autocast_enabled a device_type argument.
+_AUTOCAST_QUERY_TAKES_DEVICE = TORCH_VERSION >= digit_version('2.4.0')
+
+
+def is_autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` ('cpu', 'cuda', ...).
+
+    ``torch.is_autocast_enabled(device_type)`` from torch 2.4; before it,
+    :func:`autocast_enabled_by_device_query`.
+    """
+    if _AUTOCAST_QUERY_TAKES_DEVICE:
+        return torch.is_autocast_enabled(device_type)
+    return autocast_enabled_by_device_query(device_type)
+
+
+def autocast_enabled_by_device_query(device_type: str) -> bool:
+    """The autocast query of torch < 2.4: ``torch.is_autocast_enabled()``
+    for CUDA, ``torch.is_autocast_<device>_enabled()`` for the others (False
+    for a device type that has none)."""
+    if device_type == 'cuda':
+        return torch.is_autocast_enabled()
+    query = getattr(torch, f'is_autocast_{device_type}_enabled', None)
+    return bool(query()) if query is not None else False
+
+
+def has_mem_tracker() -> bool:
+    """Whether torch has ``torch.distributed._tools.mem_tracker.MemTracker``
+    (torch 2.13 has it, torch 2.1 not), which accounts the peak memory of a
+    train step on any device, the CPU included."""
+    try:
+        return importlib.util.find_spec(
+            'torch.distributed._tools.mem_tracker') is not None
+    except ModuleNotFoundError:  # no torch.distributed._tools at all
+        return False
+
+
+def add_safe_globals(safe_globals: Sequence[Any]) -> bool:
+    """Allow-lists ``safe_globals`` for ``torch.load(weights_only=True)``
+    where torch has the allow-list in the form kcla_mm needs (see
+    :data:`WEIGHTS_ONLY_ALLOW_LIST`).
+
+    Returns:
+        bool: Whether they were registered. Where they were not, checkpoints
+        that need them do not load with ``weights_only=True``; load them as
+        mmengine does on that torch (:func:`load_checkpoint_file`).
+    """
+    if not WEIGHTS_ONLY_ALLOW_LIST:
+        return False
+    torch.serialization.add_safe_globals(list(safe_globals))
+    return True
+
+
+def load_checkpoint_file(path: str) -> Any:
+    """Loads a checkpoint file to the CPU as mmengine does on this torch.
+
+    torch >= 2.6: ``weights_only=True``, so a training checkpoint loads only
+    once its types are allow-listed
+    (:func:`kcla_mm.engine.allow_mmengine_checkpoint_types`). Older torch has
+    no such allow-list, and its ``torch.load`` default (full unpickling) is
+    what mmengine's own loading uses there: only open checkpoints you trust.
+    """
+    if WEIGHTS_ONLY_ALLOW_LIST:
+        return torch.load(path, map_location='cpu', weights_only=True)
+    return torch.load(path, map_location='cpu')

@@ -1,16 +1,22 @@
 # The two commands for a fresh machine: `make demo` and `make test`.
 # Both set up .venv/ first (fast when it is already complete).
+# `make test-compat` runs the same suite on the official KCLA stack
+# (torch 2.1.2, .venv-torch21/); CI runs both.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 PY := .venv/bin/python
+PY_COMPAT := .venv-torch21/bin/python
 DEMO_CONFIG := configs/kcla/demo/faster-rcnn_kcla-r18_fpn_synthetic-coco.py
 DEMO_DATA := data/synthetic_coco
 DEMO_WORK := work_dirs/demo
 
-.PHONY: setup demo test bench backbone-summary
+.PHONY: setup setup-compat demo test test-compat bench backbone-summary
 
 setup:
-	bash scripts/setup_venv.sh
+	bash scripts/setup_venv.sh main
+
+setup-compat:
+	bash scripts/setup_venv.sh torch21
 
 # Generate a synthetic COCO set, train Faster R-CNN with a KCLA-ResNet-18
 # from scratch on CPU (about 7 minutes on 2 cores), then test it with
@@ -23,6 +29,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests -q
+
+test-compat: setup-compat
+	$(PY_COMPAT) -m pytest tests -q
 
 bench: setup
 	$(PY) tools/analysis/benchmark_backbone.py --depth 50 --threads 1

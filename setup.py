@@ -4,7 +4,11 @@ import shutil
 import sys
 
 from setuptools import find_packages, setup
-from setuptools.command.editable_wheel import editable_wheel
+
+try:  # setuptools >= 64 (PEP 660 editable installs)
+    from setuptools.command.editable_wheel import editable_wheel
+except ImportError:  # older setuptools install in develop mode
+    editable_wheel = None
 
 ROOT = osp.dirname(osp.abspath(__file__))
 PACKAGE = 'kcla_mm'
@@ -18,6 +22,13 @@ def read_version() -> str:
     with open(osp.join(ROOT, 'kcla_mm/version.py'), encoding='utf-8') as f:
         exec(f.read(), namespace)
     return namespace['__version__']
+
+
+def parse_requirements(name: str) -> list:
+    """The requirement lines of ``requirements/<name>``, without comments."""
+    with open(osp.join(ROOT, 'requirements', name), encoding='utf-8') as f:
+        lines = (line.split('#', 1)[0].strip() for line in f)
+        return [line for line in lines if line]
 
 
 def add_mim_extension() -> None:
@@ -61,26 +72,31 @@ def add_mim_extension() -> None:
             shutil.copyfile(src, dst)
 
 
-class EditableWheelWithMim(editable_wheel):
-    """``editable_wheel`` whose metadata leads openmim to the source tree.
+cmdclass = {}
+if editable_wheel is not None:
 
-    openmim 0.3.9 (``mim search`` / ``mim download``) and mmengine's
-    ``get_installed_path`` locate a package as
-    ``<distribution location>/<top_level.txt's first name>``. A PEP 660
-    editable install puts the distribution in site-packages while the
-    package stays in the source tree, so they look for
-    ``site-packages/kcla_mm/.mim`` and find nothing (the ecosystem's open
-    bug, e.g. open-mmlab/mmpretrain#1885). Writing the package's absolute
-    path as that name (``os.path.join`` then returns it unchanged) points
-    them at ``<repo>/kcla_mm/.mim``; imports are untouched (they go through
-    setuptools' editable finder), and regular wheels keep ``kcla_mm``.
-    """
+    class EditableWheelWithMim(editable_wheel):
+        """``editable_wheel`` whose metadata leads openmim to the source tree.
 
-    def _ensure_dist_info(self):
-        super()._ensure_dist_info()
-        top_level = osp.join(self.dist_info_dir, 'top_level.txt')
-        with open(top_level, 'w', encoding='utf-8') as f:
-            f.write(osp.join(ROOT, PACKAGE) + '\n')
+        openmim 0.3.9 (``mim search`` / ``mim download``) and mmengine's
+        ``get_installed_path`` locate a package as
+        ``<distribution location>/<top_level.txt's first name>``. A PEP 660
+        editable install puts the distribution in site-packages while the
+        package stays in the source tree, so they look for
+        ``site-packages/kcla_mm/.mim`` and find nothing (the ecosystem's open
+        bug, e.g. open-mmlab/mmpretrain#1885). Writing the package's absolute
+        path as that name (``os.path.join`` then returns it unchanged) points
+        them at ``<repo>/kcla_mm/.mim``; imports are untouched (they go through
+        setuptools' editable finder), and regular wheels keep ``kcla_mm``.
+        """
+
+        def _ensure_dist_info(self):
+            super()._ensure_dist_info()
+            top_level = osp.join(self.dist_info_dir, 'top_level.txt')
+            with open(top_level, 'w', encoding='utf-8') as f:
+                f.write(osp.join(ROOT, PACKAGE) + '\n')
+
+    cmdclass['editable_wheel'] = EditableWheelWithMim
 
 
 add_mim_extension()
@@ -99,21 +115,12 @@ setup(
     include_package_data=True,
     package_data={PACKAGE: ['.mim/**/*']},
     exclude_package_data={PACKAGE: ['.mim/**/__pycache__/*']},
-    cmdclass={'editable_wheel': EditableWheelWithMim},
-    python_requires='>=3.11',
-    install_requires=[
-        'torch==2.13.0',
-        'setuptools>=77,<82',
-        'mmengine==0.10.7',
-        'mmcv==2.1.0',
-        'mmdet==3.3.0',
-        'mmsegmentation==1.2.2',
-        'ftfy',
-        'regex',
-        'pycocotools',
-        'numpy<2',
-    ],
-    extras_require={'tests': ['pytest']},
+    cmdclass=cmdclass,
+    python_requires='>=3.8',
+    # Ranges, not pins: kcla_mm installs into its users' OpenMMLab stack.
+    # The exact stacks CI tests are requirements/lock-*.txt.
+    install_requires=parse_requirements('runtime.txt'),
+    extras_require={'tests': ['pytest', 'vermin']},
     license='Apache-2.0',
     zip_safe=False,
 )

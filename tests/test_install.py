@@ -1,20 +1,85 @@
-"""The installed stack: pinned versions, compiled mmcv ops, idempotent
-setup."""
+"""The installed stack: locked versions, compiled mmcv ops, idempotent setup,
+and the package's requirements as a library."""
+import importlib.metadata as metadata
+import json
+import os
 import os.path as osp
+import shutil
 import subprocess
 import sys
 
+import pytest
 import torch
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+STACKS = ('main', 'torch21')
 
 
-def test_pinned_versions():
-    import mmcv
-    import mmdet
-    import mmengine
-    import mmseg
-    assert torch.__version__.startswith('2.13.0')
-    assert (mmengine.__version__, mmcv.__version__, mmdet.__version__,
-            mmseg.__version__) == ('0.10.7', '2.1.0', '3.3.0', '1.2.2')
+def read_lock(stack):
+    """``{name: version}`` of the ``==`` pins of requirements/lock-STACK.txt."""
+    pins = {}
+    with open(osp.join(ROOT, 'requirements', f'lock-{stack}.txt')) as f:
+        for line in f:
+            line = line.split('#', 1)[0].strip()
+            if line:
+                req = Requirement(line)
+                (spec, ) = req.specifier
+                assert spec.operator == '==', line
+                pins[req.name.lower()] = spec.version
+    return pins
+
+
+def running_stack():
+    """The development stack whose torch this interpreter has."""
+    torch_version = Version(torch.__version__).public
+    stacks = [s for s in STACKS if read_lock(s)['torch'] == torch_version]
+    assert len(stacks) == 1, (
+        f'torch {torch.__version__} is the torch of no lock file: run the '
+        'suite in .venv/ (make test) or .venv-torch21/ (make test-compat)')
+    return stacks[0]
+
+
+def test_installed_versions_are_the_locked_ones():
+    stack = running_stack()
+    wrong = {}
+    for name, version in read_lock(stack).items():
+        try:
+            installed = Version(metadata.version(name)).public
+        except metadata.PackageNotFoundError:
+            installed = None
+        if installed != version:
+            wrong[name] = (version, installed)
+    assert not wrong, f'{stack}: (locked, installed) differ: {wrong}'
+
+
+def test_both_locks_pin_the_stacks_they_name():
+    main, torch21 = read_lock('main'), read_lock('torch21')
+    core = ('mmengine', 'mmcv', 'mmdet', 'mmsegmentation')
+    assert main['torch'] == '2.13.0' and 'torchvision' not in main
+    assert (torch21['torch'], torch21['torchvision']) == ('2.1.2', '0.16.2')
+    for lock in (main, torch21):
+        assert [lock[n] for n in core] == ['0.10.7', '2.1.0', '3.3.0', '1.2.2']
+        assert Version(lock['numpy']) < Version('2')
+
+
+def test_library_requirements_are_ranges_that_admit_both_stacks():
+    requires = [Requirement(r) for r in metadata.requires('kcla_mm')]
+    runtime = [r for r in requires if r.marker is None]
+    names = {r.name for r in runtime}
+    assert {'torch', 'mmengine', 'mmcv', 'mmdet', 'mmsegmentation',
+            'numpy', 'pycocotools'} <= names
+    assert 'setuptools' not in names
+    assert not [r for r in runtime
+                if any(s.operator == '==' for s in r.specifier)]
+    assert metadata.metadata('kcla_mm')['Requires-Python'] == '>=3.8'
+    for stack in STACKS:
+        lock = read_lock(stack)
+        refused = [f'{r} refuses {lock[r.name]}' for r in runtime
+                   if not r.specifier.contains(lock[r.name],
+                                               prereleases=True)]
+        assert not refused, f'{stack}: {refused}'
 
 
 def test_mmcv_compiled_ops_run_on_cpu():
@@ -30,16 +95,110 @@ def test_mmcv_compiled_ops_run_on_cpu():
     assert out.shape == (1, 1, 2, 2) and torch.isfinite(out).all()
 
 
-def test_rerunning_setup_changes_nothing(repo_root):
+def test_rerunning_setup_changes_nothing():
     def freeze():
         return subprocess.run(
             [sys.executable, '-m', 'pip', 'freeze'], capture_output=True,
             text=True, check=True).stdout
 
+    stack = running_stack()
     before = freeze()
     result = subprocess.run(
-        ['bash', osp.join(repo_root, 'scripts/setup_venv.sh')],
+        ['bash', osp.join(ROOT, 'scripts/setup_venv.sh'), stack],
         capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert 'nothing to do' in result.stdout
     assert freeze() == before
+
+
+def test_setup_refuses_an_unknown_stack():
+    result = subprocess.run(
+        ['bash', osp.join(ROOT, 'scripts/setup_venv.sh'), 'torch3'],
+        capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "unknown stack 'torch3'" in result.stderr
+
+
+def vermin(*paths):
+    # vermin has no __main__: its console script sits beside the interpreter.
+    return subprocess.run(
+        [osp.join(osp.dirname(sys.executable), 'vermin'), '-t=3.8-',
+         '--no-tips',
+         '--violations', '--eval-annotations', *paths],
+        capture_output=True, text=True, cwd=ROOT)
+
+
+def test_package_and_tools_run_on_python_3_8():
+    result = vermin('kcla_mm', 'tools')
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize('code', [
+    'x = "a.pth".removesuffix(".pth")\n',  # 3.9
+    'def f(x: list[int]) -> None:\n    pass\n',  # 3.9 in annotations
+    'match 1:\n    case _:\n        pass\n',  # 3.10
+])
+def test_vermin_check_catches_newer_python(tmp_path, code):
+    (tmp_path / 'newer.py').write_text(code)
+    result = vermin(str(tmp_path))
+    assert result.returncode != 0 and 'newer.py' in result.stdout
+
+
+def test_wheel_installs_into_this_stack_and_replaces_nothing(tmp_path):
+    """As a user of this stack would: the wheel's requirements are met by
+    what is installed, so pip would add kcla_mm and touch nothing else
+    (with exact pins it would have replaced torch, breaking mmcv's ops)."""
+    source = tmp_path / 'src'
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        '.git', '.venv*', '.mim', 'work_dirs', 'data', 'build', 'dist',
+        '*.egg-info', '__pycache__', '.pytest_cache'))
+    pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check']
+    subprocess.run(pip + ['wheel', '-q', '--no-deps', '--no-build-isolation',
+                          '-w', str(tmp_path / 'dist'), str(source)],
+                   check=True, capture_output=True)
+    (wheel, ) = (tmp_path / 'dist').glob('kcla_mm-*.whl')
+    result = subprocess.run(
+        pip + ['install', '--dry-run', '--no-index', '--quiet', '--report',
+               '-', str(wheel)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert [i['metadata']['name'] for i in report['install']] == ['kcla_mm']
+
+
+def check_mmcv(stack, pythonpath=None):
+    env = dict(os.environ)
+    if pythonpath:
+        env['PYTHONPATH'] = str(pythonpath)
+    return subprocess.run(
+        [sys.executable, osp.join(ROOT, 'scripts/check_mmcv.py'), stack],
+        capture_output=True, text=True, env=env)
+
+
+def test_setup_check_passes_the_installed_mmcv():
+    result = check_mmcv(running_stack())
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize('error, cause', [
+    # What the loader raised for an mmcv built against torch 2.1.2 under
+    # torch 2.13 (a wheel from pip's cache).
+    ('ImportError("/x/mmcv/_ext.cpython-311-x86_64-linux-gnu.so: undefined '
+     'symbol: _ZN2at4_ops10zeros_like4callE")',
+     'compiled against another torch than the installed'),
+    ('ModuleNotFoundError("No module named \'mmcv._ext\'")',
+     'built without its ops'),
+])
+def test_setup_check_names_the_cause_of_broken_mmcv_ops(tmp_path, error,
+                                                         cause):
+    # An mmcv whose extension loader fails as the real one does.
+    utils = tmp_path / 'mmcv' / 'utils'
+    utils.mkdir(parents=True)
+    (tmp_path / 'mmcv' / '__init__.py').write_text('')
+    (utils / '__init__.py').write_text('')
+    (utils / 'ext_loader.py').write_text(
+        f'def load_ext(name, funcs):\n    raise {error}\n')
+    result = check_mmcv('torch21', pythonpath=tmp_path)
+    assert result.returncode == 1
+    assert cause in result.stderr
+    assert ('pip cache remove mmcv; rm -rf .venv-torch21; bash '
+            'scripts/setup_venv.sh torch21') in result.stderr

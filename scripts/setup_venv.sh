@@ -66,8 +66,10 @@ echo "[setup] $stack: creating/updating $venv"
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
-# torch first (mmcv's build imports it), then setuptools and wheel for that build.
-"${pip[@]}" install -c "$lock" "${torch_pkgs[@]}" setuptools wheel
+# torch first (mmcv's build imports it), then setuptools and wheel for that
+# build, and ninja: without it torch's extension builder compiles one file
+# at a time, whatever MAX_JOBS says.
+"${pip[@]}" install -c "$lock" "${torch_pkgs[@]}" setuptools wheel ninja
 # A broken mmcv (a wheel for another torch, no ops) would stay "already
 # satisfied": remove it so that it is installed anew.
 status=0

@@ -83,7 +83,7 @@ if [ "$status" != 0 ]; then
     echo "[setup] mmcv from $wheels"
     "${pip[@]}" install -c "$lock" --no-index --find-links "$wheels" --no-deps mmcv
   else
-    echo "[setup] building mmcv with compiled ops from source for $stack's torch (20-40 minutes on 2 cores)"
+    echo "[setup] building mmcv with compiled ops from source for $stack's torch (12-15 minutes on 2 cores)"
     MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=${MAX_JOBS:-2} \
       "${pip[@]}" install -c "$lock" --no-build-isolation --no-cache-dir \
       --no-binary mmcv --no-deps mmcv

@@ -2,8 +2,10 @@
 """Shims for the torch APIs that changed between the releases kcla_mm
 supports (torch >= 2.0; CI tests 2.1.2 and 2.13.0).
 
-The rest of the package calls these, never the version-specific API. Each
-shim is chosen once, at import, by the torch release that brought the API.
+The rest of the package calls these, never the version-specific API. The
+version checks run once, at import; :func:`has_mem_tracker` looks for its
+module when called, so that importing kcla_mm does not import
+torch.distributed.
 """
 import importlib.util
 from typing import Any, Sequence

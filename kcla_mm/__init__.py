@@ -1,10 +1,26 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""KCLA for OpenMMLab.
+
+Importing the package (what ``custom_imports = dict(imports=['kcla_mm'])``
+does) registers the backbones and the UNet head in mmdet's and mmseg's
+MODELS, the medical datasets and the foreground-IoU metric in mmseg's
+registries, and allow-lists the types of mmengine training checkpoints for
+``torch.load(weights_only=True)`` (:mod:`kcla_mm.utils.checkpoint_safety`).
+Nothing else: inferencers (:mod:`kcla_mm.apis`), the model zoo and the
+analysis helpers load when they are imported.
+"""
+from . import datasets, evaluation, models  # noqa: F401  registration
+from .models import (KCLALayer, KCLAResNet, KCLAState, LAResNet,
+                     MRLALightResNet, UNetHead)
+from .utils.checkpoint_safety import allow_mmengine_checkpoint_types
 from .version import __version__
-from . import datasets, evaluation  # noqa: F401  registers into mmseg
-from . import apis  # noqa: F401  model index, inferencers, allow-list
-from .models import (KCLALayer, KCLAResNet, KCLAState, LAResNet, MRLALResNet,
-                     UNetHead)
+
+# Once, here: upstream mmdet/mmseg tools (tools/test.py, --resume, the
+# inferencers) load training checkpoints after custom_imports has imported
+# kcla_mm, and on torch >= 2.6 they load them with weights_only=True.
+allow_mmengine_checkpoint_types()
 
 __all__ = [
-    '__version__', 'KCLAResNet', 'KCLALayer', 'KCLAState', 'LAResNet',
-    'MRLALResNet', 'UNetHead'
+    '__version__', 'KCLALayer', 'KCLAResNet', 'KCLAState', 'LAResNet',
+    'MRLALightResNet', 'UNetHead'
 ]

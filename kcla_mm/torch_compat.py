@@ -80,7 +80,7 @@ def load_checkpoint_file(path: str) -> Any:
 
     torch >= 2.6: ``weights_only=True``, so a training checkpoint loads only
     once its types are allow-listed
-    (:func:`kcla_mm.engine.allow_mmengine_checkpoint_types`). Older torch has
+    (:func:`kcla_mm.utils.checkpoint_safety.allow_mmengine_checkpoint_types`). Older torch has
     no such allow-list, and its ``torch.load`` default (full unpickling) is
     what mmengine's own loading uses there: only open checkpoints you trust.
     """

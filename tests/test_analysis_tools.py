@@ -12,7 +12,7 @@ from mmengine.logging import HistoryBuffer
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
 from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
-from kcla_mm.models import KCLAResNet, MRLALResNet
+from kcla_mm.models import KCLAResNet, MRLALightResNet
 from kcla_mm.torch_compat import has_mem_tracker
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -102,7 +102,7 @@ def test_layer_weights_loads_a_training_checkpoint(tmp_path, image):
     lw.main([KCLA_UNET, str(tmp_path / 'iter_1.pth'), image, '--out',
              str(tmp_path / 'a.png'), '--size', '48', '--heads', '0'])
     assert osp.isfile(tmp_path / 'a.png')
-    torch.save(MRLALResNet(depth=18).state_dict(), tmp_path / 'wrong.pth')
+    torch.save(MRLALightResNet(depth=18).state_dict(), tmp_path / 'wrong.pth')
     with pytest.raises(ValueError, match='does not match'):
         lw.main([KCLA_UNET, str(tmp_path / 'wrong.pth'), image])
     with pytest.raises(ValueError, match="type='LAResNet'"):
@@ -144,7 +144,7 @@ def test_kcla_weights_are_normalised_and_follow_the_state():
 
 def test_mrla_light_shares_follow_the_decays():
     torch.manual_seed(0)
-    model = MRLALResNet(depth=18, base_channels=16, head_dim=8)
+    model = MRLALightResNet(depth=18, base_channels=16, head_dim=8)
     model.init_weights()
     x = torch.rand(2, 3, 48, 48)
     rows = mrla_light_shares(model, x)

@@ -13,11 +13,13 @@ from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS as MMSEG_MODELS
 
 from kcla_mm.analysis.complexity import count_flops, inference_state_bytes
-from kcla_mm.models import KCLAResNet, LAResNet, MRLALResNet
+from kcla_mm.models import KCLAResNet, LAResNet, MRLALightResNet
 from kcla_mm.models.layers import LALayer, MRLALightLayer
 
-BASELINES = {'LAResNet': (LAResNet, 'la'), 'MRLALResNet': (MRLALResNet,
-                                                           'mrla')}
+BASELINES = {
+    'LAResNet': (LAResNet, 'la'),
+    'MRLALightResNet': (MRLALightResNet, 'mrla_light')
+}
 
 
 def small(cls, depth=18, **kwargs):
@@ -176,7 +178,7 @@ def test_bad_arguments_name_the_field(name, kwargs, message):
 
 
 @pytest.mark.parametrize('cls, field', [(LAResNet, 'la_drop_path'),
-                                        (MRLALResNet, 'mrla_drop_path')])
+                                        (MRLALightResNet, 'mrla_light_drop_path')])
 def test_bad_drop_path_is_named(cls, field):
     with pytest.raises(ValueError, match=f'{field}=1.5'):
         cls(depth=18, **{field: 1.5})
@@ -207,7 +209,7 @@ def test_every_comparison_config_exists():
 def test_config_builds_its_model(path):
     cfg = Config.fromfile(path)
     name = osp.basename(path)
-    want = 'LAResNet' if '_la-' in name else 'MRLALResNet'
+    want = 'LAResNet' if '_la-' in name else 'MRLALightResNet'
     assert cfg.model.backbone.type == want
     scope = cfg.get('default_scope', 'mmdet')
     init_default_scope(scope)

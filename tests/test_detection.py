@@ -98,7 +98,7 @@ def test_config_trains_one_iteration_and_tests(name, coco_root, tmp_path,
 
 def test_resume_continues_at_the_right_iteration_with_weights_only(
         coco_root, tmp_path, repo_root):
-    from kcla_mm.engine import allow_mmengine_checkpoint_types
+    from kcla_mm.utils.checkpoint_safety import allow_mmengine_checkpoint_types
     from kcla_mm.torch_compat import load_checkpoint_file
     config = CONFIGS['faster-r50']
     opts = synthetic_options(coco_root, small_backbone=True)
@@ -130,7 +130,7 @@ def test_resume_continues_at_the_right_iteration_with_weights_only(
     assert 'message_hub' in resumed and 'optimizer' in resumed
 
 def test_allow_list_refuses_other_getattr():
-    from kcla_mm.engine.checkpoint_safety import _history_buffer_getattr
+    from kcla_mm.utils.checkpoint_safety import _history_buffer_getattr
     from mmengine.logging import HistoryBuffer
     assert _history_buffer_getattr(HistoryBuffer, 'min') is HistoryBuffer.min
     with pytest.raises(Exception, match='only HistoryBuffer'):

@@ -125,7 +125,7 @@ def test_publish_name_hash_and_keys(release):
     # Nothing else left in the output folder (no temporary file).
     assert os.listdir(osp.dirname(published)) == [name]
 
-    from kcla_mm.engine import allow_mmengine_checkpoint_types
+    from kcla_mm.utils.checkpoint_safety import allow_mmengine_checkpoint_types
     from kcla_mm.torch_compat import load_checkpoint_file
     allow_mmengine_checkpoint_types()
     trained = load_checkpoint_file(release['trained'])

@@ -8,7 +8,7 @@ from mmengine.logging import HistoryBuffer
 from mmengine.utils import digit_version
 
 from kcla_mm import torch_compat
-from kcla_mm.engine import allow_mmengine_checkpoint_types
+from kcla_mm.utils.checkpoint_safety import allow_mmengine_checkpoint_types
 
 NEW_AUTOCAST_QUERY = digit_version(torch.__version__) >= digit_version('2.4')
 

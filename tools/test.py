@@ -19,7 +19,6 @@ sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 
 import kcla_mm  # noqa: E402,F401  registers KCLA modules in mmdet and mmseg
 from kcla_mm.engine import (add_runner_arguments,  # noqa: E402
-                            allow_mmengine_checkpoint_types,
                             close_distributed,
                             export_local_rank,
                             init_distributed_on_cpu, load_config)
@@ -73,7 +72,6 @@ def main(argv=None):
             cfg.test_evaluator, list) else cfg.test_evaluator
         cfg.test_evaluator.append(
             dict(type='DumpDetResults', out_file_path=args.out))
-    allow_mmengine_checkpoint_types()
     init_distributed_on_cpu(cfg)
     try:
         runner = (Runner.from_cfg(cfg)

@@ -20,7 +20,6 @@ sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 
 import kcla_mm  # noqa: E402,F401  registers KCLA modules in mmdet and mmseg
 from kcla_mm.engine import (add_runner_arguments,  # noqa: E402
-                            allow_mmengine_checkpoint_types,
                             close_distributed,
                             export_local_rank,
                             check_pretrained_files, init_distributed_on_cpu,
@@ -80,7 +79,6 @@ def main(argv=None):
         check_pretrained_files(cfg)
     except (FileNotFoundError, ValueError) as exc:
         sys.exit(f'error: {exc}')
-    allow_mmengine_checkpoint_types()
     init_distributed_on_cpu(cfg)
     try:
         runner = (Runner.from_cfg(cfg)

@@ -1,5 +1,5 @@
 # Mask R-CNN R50-FPN 1x on COCO2017, with a ResNet-50 + MRLA-light backbone
-# (MRLALResNet), for the paper's comparison with
+# (MRLALightResNet), for the paper's comparison with
 # configs/kcla/mask-rcnn_kcla-r50_fpn_1x_coco.py. No ImageNet checkpoint of
 # this backbone exists in this layout: the ResNet part starts from plain
 # ResNet-50 ImageNet weights (torchvision's resnet50 file, or mmdet's, saved at
@@ -13,7 +13,7 @@ custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(
-        type='MRLALResNet',
+        type='MRLALightResNet',
         init_cfg=dict(
             type='Pretrained',
             checkpoint='checkpoints/resnet50_imagenet.pth')))

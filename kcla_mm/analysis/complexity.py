@@ -53,7 +53,7 @@ def count_flops(model: nn.Module, inputs: Tensor) -> int:
 
 
 def attention_modules(model: nn.Module) -> Iterator[Tuple[str, nn.Module]]:
-    """The layer-attention modules of a LayerAttentionResNet, block order
+    """The layer-attention modules of a CrossLayerResNet, block order
     (``layerN.J.<attention_name>``); nothing for a plain ResNet."""
     attr = getattr(model, 'attention_name', None)
     if attr is None:

@@ -89,7 +89,7 @@ def _linear_part(norm: nn.Module, t: Tensor) -> Tensor:
 
 
 def mrla_light_shares(model: nn.Module, x: Tensor) -> List[Tensor]:
-    """Share of block i in ||O^t|| per head, for an MRLALResNet.
+    """Share of block i in ||O^t|| per head, for an MRLALightResNet.
 
     Unrolled, O^t = sum_i C_{t,i} with C_{t,t} = gate_t V^t and
     C_{t,i} = lambda^t * C_{t-1,i}: block i enters with the effective

@@ -49,7 +49,6 @@ def load_backbone(cfg: Config,
     :func:`kcla_mm.torch_compat.load_checkpoint_file`) and must match the
     backbone exactly.
     """
-    from kcla_mm.engine import allow_mmengine_checkpoint_types
     from kcla_mm.torch_compat import load_checkpoint_file
     backbone_cfg = copy.deepcopy(
         backbone_cfg if backbone_cfg is not None else backbone_config(cfg))
@@ -60,7 +59,6 @@ def load_backbone(cfg: Config,
     else:
         if not osp.isfile(checkpoint):
             raise FileNotFoundError(f'checkpoint {checkpoint}: no such file')
-        allow_mmengine_checkpoint_types()
         ckpt = load_checkpoint_file(checkpoint)
         state = ckpt.get('state_dict', ckpt)
         if any(k.startswith('backbone.') for k in state):

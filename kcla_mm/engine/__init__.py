@@ -1,4 +1,3 @@
-from .checkpoint_safety import allow_mmengine_checkpoint_types
 from .config_utils import (add_runner_arguments, check_pretrained_files,
                            close_distributed, cpu_distributed_defaults,
                            export_local_rank, init_distributed_on_cpu,
@@ -7,7 +6,7 @@ from .publish import (CheckpointPublishError, publish_checkpoint,
                       release_name, sha256sum)
 
 __all__ = [
-    'add_runner_arguments', 'allow_mmengine_checkpoint_types',
+    'add_runner_arguments',
     'CheckpointPublishError', 'publish_checkpoint', 'release_name',
     'sha256sum',
     'check_pretrained_files', 'close_distributed',

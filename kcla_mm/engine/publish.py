@@ -23,7 +23,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..torch_compat import WEIGHTS_ONLY_ALLOW_LIST, load_checkpoint_file
-from .checkpoint_safety import allow_mmengine_checkpoint_types
 
 #: The keys a published checkpoint keeps (mmdet's ``save_keys`` default).
 RELEASE_KEYS = ('meta', 'state_dict')
@@ -85,7 +84,7 @@ def _check_plain(value: Any, path: str) -> None:
 
 def load_training_checkpoint(in_file: str) -> dict:
     """Loads an mmengine checkpoint with ``weights_only=True`` (mmengine's
-    logging types allow-listed, see :mod:`.checkpoint_safety`); on torch <
+    logging types allow-listed, see :mod:`kcla_mm.utils.checkpoint_safety`); on torch <
     2.6, which has no allow-list, as mmengine loads it there
     (:func:`kcla_mm.torch_compat.load_checkpoint_file`).
 
@@ -95,7 +94,6 @@ def load_training_checkpoint(in_file: str) -> dict:
     """
     if not osp.isfile(in_file):
         raise CheckpointPublishError(f'{in_file}: no such file')
-    allow_mmengine_checkpoint_types()
     try:
         checkpoint = load_checkpoint_file(in_file)
     # Whatever a non-checkpoint makes the unpickler raise (UnpicklingError,

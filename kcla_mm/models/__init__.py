@@ -1,19 +1,14 @@
-from mmdet.registry import MODELS as MMDET_MODELS
-from mmseg.registry import MODELS as MMSEG_MODELS
-
-from .backbones import KCLAResNet, LAResNet, MRLALResNet
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""Backbones, layers and heads; each class registers itself where it is
+defined (backbones in mmdet's and mmseg's MODELS, the UNet head in
+mmseg's)."""
+from .backbones import (CrossLayerResNet, KCLAResNet, LAResNet,
+                        MRLALightResNet)
 from .decode_heads import UNetHead
 from .layers import (KCLALayer, KCLAState, LALayer, LAState,
                      MRLALightLayer)
 
-# One class, two registries: detection and segmentation configs both name it
-# (type='KCLAResNet', 'LAResNet', 'MRLALResNet') under their own
-# default_scope.
-for _registry in (MMDET_MODELS, MMSEG_MODELS):
-    for _backbone in (KCLAResNet, LAResNet, MRLALResNet):
-        _registry.register_module(module=_backbone)
-
 __all__ = [
-    'KCLAResNet', 'KCLALayer', 'KCLAState', 'LAResNet', 'LALayer', 'LAState',
-    'MRLALResNet', 'MRLALightLayer', 'UNetHead'
+    'CrossLayerResNet', 'KCLAResNet', 'KCLALayer', 'KCLAState', 'LAResNet',
+    'LALayer', 'LAState', 'MRLALightLayer', 'MRLALightResNet', 'UNetHead'
 ]

@@ -50,14 +50,14 @@ from kcla_mm.analysis.complexity import (  # noqa: E402
     count_flops, inference_state_bytes, train_step_peak_bytes)
 from kcla_mm.analysis.timing import (  # noqa: E402
     alternating_times, eval_step, train_step)
-from kcla_mm.models import KCLAResNet, LAResNet, MRLALResNet  # noqa: E402
+from kcla_mm.models import KCLAResNet, LAResNet, MRLALightResNet  # noqa: E402
 from kcla_mm.torch_compat import has_mem_tracker  # noqa: E402
 
 METHODS = {
     'ResNet': ResNet,
     'KCLA': KCLAResNet,
     'LA': LAResNet,
-    'MRLA-L': MRLALResNet
+    'MRLA-L': MRLALightResNet
 }
 STANDARD_PLANS = {
     26: (2, 2, 2, 2),

@@ -46,7 +46,7 @@ def parse_args(argv=None):
     parser.add_argument('--random-init', action='store_true',
                         help='ignore CHECKPOINT: randomly initialised model')
     parser.add_argument('--mrlal-checkpoint', default=None,
-                        help='MRLALResNet weights of the same depth/width')
+                        help='MRLALightResNet weights of the same depth/width')
     parser.add_argument('--out', default='layer_weights.png')
     parser.add_argument('--size', type=int, default=224)
     parser.add_argument('--heads', type=int, default=2,
@@ -87,7 +87,7 @@ def main(argv=None):
     cfg, checkpoint, kcla_cfg = config_and_backbone(args, 'KCLAResNet')
     kcla = load_backbone(cfg, checkpoint, kcla_cfg)
     mrlal_cfg = {k: v for k, v in kcla_cfg.items() if k not in KCLA_ONLY}
-    mrlal_cfg['type'] = 'MRLALResNet'
+    mrlal_cfg['type'] = 'MRLALightResNet'
     mrlal = load_backbone(cfg, args.mrlal_checkpoint, mrlal_cfg)
     x = read_image(args.image, args.size, cfg)
 

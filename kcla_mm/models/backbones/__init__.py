@@ -1,10 +1,9 @@
+from .cross_layer_resnet import CrossLayerResLayer, CrossLayerResNet
 from .kcla_resnet import KCLAResNet
 from .la_resnet import LAResNet
-from .layer_attention_resnet import (LayerAttentionResLayer,
-                                     LayerAttentionResNet)
-from .mrlal_resnet import MRLALResNet
+from .mrla_light_resnet import MRLALightResNet
 
 __all__ = [
-    'KCLAResNet', 'LAResNet', 'LayerAttentionResLayer',
-    'LayerAttentionResNet', 'MRLALResNet'
+    'CrossLayerResLayer', 'CrossLayerResNet', 'KCLAResNet', 'LAResNet',
+    'MRLALightResNet'
 ]

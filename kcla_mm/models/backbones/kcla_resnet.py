@@ -1,11 +1,18 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 from typing import Optional, Sequence
 
+from mmdet.registry import MODELS as MMDET_MODELS
+from mmseg.registry import MODELS as MMSEG_MODELS
+
 from ..layers import KCLALayer
-from .layer_attention_resnet import LayerAttentionResNet
+from .cross_layer_resnet import CrossLayerResNet
 
 
-class KCLAResNet(LayerAttentionResNet):
+# One class in both registries: detection and segmentation configs name it
+# under their own default_scope.
+@MMDET_MODELS.register_module()
+@MMSEG_MODELS.register_module()
+class KCLAResNet(CrossLayerResNet):
     """ResNet with Key-Correlated Layer Attention (arXiv 2606.28405).
 
     A thin subclass of mmdet's :class:`~mmdet.models.backbones.ResNet`: every

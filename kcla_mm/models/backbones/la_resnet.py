@@ -1,11 +1,16 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 from typing import Optional
 
+from mmdet.registry import MODELS as MMDET_MODELS
+from mmseg.registry import MODELS as MMSEG_MODELS
+
 from ..layers import LALayer
-from .layer_attention_resnet import LayerAttentionResNet
+from .cross_layer_resnet import CrossLayerResNet
 
 
-class LAResNet(LayerAttentionResNet):
+@MMDET_MODELS.register_module()
+@MMSEG_MODELS.register_module()
+class LAResNet(CrossLayerResNet):
     """ResNet with standard (full) layer attention, the quadratic baseline.
 
     Every block attends, with a softmax over the layers per head, to itself

@@ -1,14 +1,26 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
-"""Resume mmengine training checkpoints with ``torch.load(weights_only=True)``.
+"""The one place where kcla_mm widens ``torch.load(weights_only=True)``.
 
 torch >= 2.6 loads checkpoints with ``weights_only=True``: only tensors and
 plain containers unless a type is allow-listed. mmengine 0.10.7 stores its
 MessageHub (``HistoryBuffer`` objects holding numpy arrays and scalars) in
-every training checkpoint, so ``--resume`` (and testing a training
-checkpoint) fails out of the box. We allow-list exactly those types, rather
-than switching the safety off. torch < 2.6 has no such allow-list (nor the
-weights_only default): there mmengine unpickles its checkpoints in full, and
-:func:`allow_mmengine_checkpoint_types` does nothing.
+every training checkpoint, so ``--resume``, testing a training checkpoint
+and the inferencers fail out of the box, in kcla_mm's tools and in mmdet's
+and mmseg's own. ``import kcla_mm`` (what ``custom_imports`` does) calls
+:func:`allow_mmengine_checkpoint_types` once, which admits exactly:
+
+* ``mmengine.logging.HistoryBuffer`` and ``collections.Counter``;
+* numpy's ``ndarray``, ``dtype``, the dtype classes of float64, float32,
+  float16, int64, int32 and bool, and the two reconstructors pickle uses
+  for arrays and scalars (``numpy.core.multiarray._reconstruct`` and
+  ``scalar``);
+* ``getattr``, replaced by a stand-in that reaches only
+  ``HistoryBuffer.min``, ``.max``, ``.mean`` and ``.current`` (how
+  HistoryBuffer pickles its statistics methods).
+
+weights_only stays on: a checkpoint holding anything else is refused. torch
+< 2.6 has no such allow-list (nor the weights_only default): there mmengine
+unpickles its checkpoints in full, and the call does nothing.
 """
 import pickle
 from collections import Counter

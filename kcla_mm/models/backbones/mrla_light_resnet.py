@@ -1,15 +1,22 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 from typing import Optional
 
+from mmdet.registry import MODELS as MMDET_MODELS
+from mmseg.registry import MODELS as MMSEG_MODELS
+
 from ..layers import MRLALightLayer
-from .layer_attention_resnet import LayerAttentionResNet
+from .cross_layer_resnet import CrossLayerResNet
 
 
-class MRLALResNet(LayerAttentionResNet):
+# 'MRLALResNet': the name kcla_mm 0.1.0 registered; kept so that configs
+# written for it still build.
+@MMDET_MODELS.register_module(name=['MRLALightResNet', 'MRLALResNet'])
+@MMSEG_MODELS.register_module(name=['MRLALightResNet', 'MRLALResNet'])
+class MRLALightResNet(CrossLayerResNet):
     """ResNet with MRLA-light (Fang et al., ICLR 2023), the linear baseline.
 
     A :class:`~kcla_mm.models.layers.MRLALightLayer` follows every block
-    (at ``layerN.J.mrla``) and carries the previous block's attention output
+    (at ``layerN.J.mrla_light``) and carries the previous block's attention output
     O^{t-1}, scaled by a learnable per-channel decay ``decay`` (lambda^t):
     block i reaches block t with coefficient gate_i * prod_{j=i+1..t}
     lambda^j. Every option of mmdet's ResNet keeps its meaning; plain ResNet
@@ -17,25 +24,25 @@ class MRLALResNet(LayerAttentionResNet):
 
     Args:
         head_dim (int): Channels per head. Default: 32 (official MRLA).
-        mrla_drop_path (float): Drop-path rate of the attention branch.
+        mrla_light_drop_path (float): Drop-path rate of the attention branch.
             Default: 0.2 (official MRLA ImageNet training).
         **kwargs: Arguments of mmdet's ``ResNet`` (depth, in_channels,
             base_channels, num_stages, strides, dilations, out_indices, style,
             deep_stem, avg_down, frozen_stages, conv_cfg, norm_cfg, norm_eval,
             with_cp, zero_init_residual, plugins, init_cfg, ...).
     """
-    attention_name = 'mrla'
+    attention_name = 'mrla_light'
 
     def __init__(self,
                  depth: int,
                  head_dim: int = 32,
-                 mrla_drop_path: float = 0.2,
+                 mrla_light_drop_path: float = 0.2,
                  **kwargs):
-        if not 0. <= mrla_drop_path < 1.:
+        if not 0. <= mrla_light_drop_path < 1.:
             raise ValueError(
-                f'mrla_drop_path={mrla_drop_path} must be in [0, 1)')
+                f'mrla_light_drop_path={mrla_light_drop_path} must be in [0, 1)')
         self.mrla_cfg = self.shared_layer_cfg(
-            kwargs, head_dim=head_dim, drop_path=mrla_drop_path)
+            kwargs, head_dim=head_dim, drop_path=mrla_light_drop_path)
         super().__init__(depth=depth, head_dim=head_dim, **kwargs)
 
     def make_attention(self, channels: int, block_index: int,

@@ -20,7 +20,7 @@ from torch import Tensor
 AttentionFactory = Callable[[int, int, Optional[int], int], nn.Module]
 
 
-class LayerAttentionResLayer(ResLayer):
+class CrossLayerResLayer(ResLayer):
     """A ResNet stage with a layer-attention module after every block.
 
     The blocks are built by mmdet's ``ResLayer`` unchanged (so plain ResNet
@@ -67,7 +67,7 @@ class LayerAttentionResLayer(ResLayer):
         return x, state
 
 
-class LayerAttentionResNet(ResNet):
+class CrossLayerResNet(ResNet):
     """mmdet's ResNet with a layer-attention module after every block.
 
     Subclasses set ``attention_name`` and implement :meth:`make_attention`;
@@ -130,19 +130,19 @@ class LayerAttentionResNet(ResNet):
                        state_channels: Optional[int],
                        state_stride: int) -> nn.Module:
         """The layer-attention module after block ``block_index`` of a
-        stage (see :class:`LayerAttentionResLayer`)."""
+        stage (see :class:`CrossLayerResLayer`)."""
         raise NotImplementedError
 
-    def make_res_layer(self, **kwargs) -> LayerAttentionResLayer:
+    def make_res_layer(self, **kwargs) -> CrossLayerResLayer:
         # Called once per stage, in order, before the stage is registered.
         first_stage = len(self.res_layers) == 0
-        return LayerAttentionResLayer(
+        return CrossLayerResLayer(
             attention_name=self.attention_name,
             make_attention=self.make_attention,
             in_state_channels=None if first_stage else kwargs['inplanes'],
             **kwargs)
 
-    def train(self, mode: bool = True) -> 'LayerAttentionResNet':
+    def train(self, mode: bool = True) -> 'CrossLayerResNet':
         # mmdet's ResNet.train() returns None; nn.Module's contract (and
         # `model = KCLAResNet(...).eval()`) expects the module back.
         super().train(mode)

@@ -1,0 +1,70 @@
+"""What ``import kcla_mm`` (a config's custom_imports) loads, and its cost."""
+import json
+import subprocess
+import sys
+
+# What kcla_mm registers into: loading these is the price of registration.
+UPSTREAM = ('mmdet.models', 'mmdet.registry', 'mmseg.datasets',
+            'mmseg.evaluation', 'mmseg.models', 'mmseg.registry',
+            'mmengine.logging')
+
+PROBE = f'''
+import json, sys
+for name in {UPSTREAM!r}:
+    __import__(name)
+before = set(sys.modules)
+import kcla_mm
+from mmdet.registry import MODELS as DET
+from mmseg.registry import DATASETS, METRICS, MODELS as SEG
+print(json.dumps(dict(
+    new=sorted(set(sys.modules) - before),
+    det=[n for n in ('KCLAResNet', 'LAResNet', 'MRLALightResNet',
+                     'MRLALResNet') if DET.get(n) is not None],
+    seg=[n for n in ('KCLAResNet', 'LAResNet', 'MRLALightResNet',
+                     'MRLALResNet', 'UNetHead') if SEG.get(n) is not None],
+    datasets=[n for n in ('ISIC2017Dataset', 'ISIC2018Dataset',
+                          'KvasirSEGDataset') if DATASETS.get(n) is not None],
+    metrics=[n for n in ('ForegroundIoUMetric', )
+             if METRICS.get(n) is not None])))
+'''
+
+
+def run_probe(code: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *flags, '-c', code],
+                          capture_output=True, text=True, check=True)
+
+
+def test_import_registers_everything_and_loads_only_kcla_mm():
+    out = json.loads(run_probe(PROBE).stdout.splitlines()[-1])
+    assert out['det'] == ['KCLAResNet', 'LAResNet', 'MRLALightResNet',
+                          'MRLALResNet']
+    assert out['seg'] == ['KCLAResNet', 'LAResNet', 'MRLALightResNet',
+                          'MRLALResNet', 'UNetHead']
+    assert out['datasets'] == ['ISIC2017Dataset', 'ISIC2018Dataset',
+                               'KvasirSEGDataset']
+    assert out['metrics'] == ['ForegroundIoUMetric']
+    # Beyond what registration needs, only kcla_mm's own registering
+    # modules: no inferencers (mmdet.apis, mmseg.apis), model zoo, analysis.
+    foreign = [m for m in out['new'] if not m.startswith('kcla_mm')]
+    assert foreign == []
+    lazy = [m for m in out['new'] if m.startswith(
+        ('kcla_mm.apis', 'kcla_mm.model_zoo', 'kcla_mm.analysis'))]
+    assert lazy == []
+
+
+def test_import_time_is_the_upstream_packages():
+    """kcla_mm's own modules take a small share of ``import kcla_mm``
+    (a ratio within one run; ``python -X importtime -c 'import kcla_mm'``
+    shows the figures)."""
+    log = run_probe('import kcla_mm', '-X', 'importtime').stderr
+    own_us = total_us = 0
+    for line in log.splitlines():
+        if not line.startswith('import time:') or 'self [us]' in line:
+            continue
+        self_us, cumulative_us, name = line[len('import time:'):].split('|')
+        if name.strip().startswith('kcla_mm'):
+            own_us += int(self_us)
+        if name.strip() == 'kcla_mm':
+            total_us = int(cumulative_us)
+    assert total_us > 0
+    assert own_us < 0.1 * total_us, (own_us, total_us)

@@ -1,10 +1,12 @@
-"""KCLALayer against an independent re-implementation of the official
-equations (tests/official_reference.py)."""
+"""KCLALayer, both implementations, against an independent
+re-implementation of the official equations (tests/official_reference.py).
+tests/test_kcla_fused.py checks the fused pieces against the reference."""
 import pytest
 import torch
 
 from kcla_mm.models.layers import KCLALayer, KCLAState
-from kcla_mm.models.layers.kcla_layer import eca_kernel_size, head_temperatures
+from kcla_mm.models.layers.attention_branch import eca_kernel_size
+from kcla_mm.models.layers.kcla_layer import head_temperatures
 from official_reference import OfficialKCLA, randomise_
 
 OFFICIAL_TO_MM = {
@@ -15,7 +17,8 @@ OFFICIAL_TO_MM = {
 }
 
 
-def paired_layers(channels, renorm, state_channels=None, stride=1):
+def paired_layers(channels, renorm, state_channels=None, stride=1,
+                  implementation='fused'):
     ref = randomise_(OfficialKCLA(channels, init_layer=renorm,
                                   stride=stride))
     ours = KCLALayer(
@@ -23,7 +26,8 @@ def paired_layers(channels, renorm, state_channels=None, stride=1):
         state_channels=state_channels,
         state_stride=stride,
         renorm=renorm,
-        drop_path=0.)
+        drop_path=0.,
+        implementation=implementation)
     state = {}
     for key, value in ref.state_dict().items():
         module, _, rest = key.partition('.')
@@ -48,20 +52,24 @@ def test_temperatures_and_kernel_size_follow_the_official_definition():
         [3, 5, 5, 5, 7]
 
 
+@pytest.mark.parametrize('implementation', ['reference', 'fused'])
 @pytest.mark.parametrize('mode', ['train', 'eval'])
 @pytest.mark.parametrize('case', ['first', 'carry', 'adapt', 'renorm'])
-def test_layer_matches_official_equations_float64(mode, case):
+def test_layer_matches_official_equations_float64(mode, case,
+                                                  implementation):
     """Forward and backward of one layer, in float64 so that any difference
     is a difference of math, not of rounding."""
     torch.set_default_dtype(torch.float64)
     try:
         c, n, h, w = 256, 3, 9, 7
         if case == 'adapt':  # width 128 -> 256, size 17x13 -> 9x7
-            ref, ours = paired_layers(c, True, state_channels=128, stride=2)
+            ref, ours = paired_layers(c, True, state_channels=128, stride=2,
+                                      implementation=implementation)
             u0 = torch.rand(n, 2, 64, 17, 13) * 5
             z0 = torch.rand(n, 2, 1, 1, 1) + 0.5
         else:
-            ref, ours = paired_layers(c, case == 'renorm')
+            ref, ours = paired_layers(c, case == 'renorm',
+                                      implementation=implementation)
             u0 = torch.rand(n, 4, 64, h, w) * 5
             z0 = torch.rand(n, 4, 1, 1, 1) + 0.5
         ref.train(mode == 'train')
@@ -137,47 +145,6 @@ def test_drop_path_only_in_training():
 def test_bad_head_dim_is_named():
     with pytest.raises(ValueError, match='head_dim=48'):
         KCLALayer(256, head_dim=48)
-
-
-@pytest.mark.parametrize('norm', ['BN', 'GN'])
-@pytest.mark.parametrize('case', ['first', 'carry', 'adapt', 'renorm'])
-def test_no_grad_path_matches_the_autograd_path(case, norm):
-    """Without autograd the layer updates the state and x in place; in
-    float64 that must give what the differentiable path gives."""
-    torch.set_default_dtype(torch.float64)
-    try:
-        norm_cfg = (dict(type='BN') if norm == 'BN' else dict(
-            type='GN', num_groups=4))
-        kwargs = dict(state_channels=128, state_stride=2) \
-            if case == 'adapt' else {}
-        layer = KCLALayer(
-            256, renorm=case in ('adapt', 'renorm'), norm_cfg=norm_cfg,
-            **kwargs)
-        randomise_(layer)
-        layer.eval()
-        n, h, w = 3, 9, 7
-        x = torch.rand(n, 256, h, w)
-        state = None
-        if case != 'first':
-            c_in, size = (128, (17, 13)) if case == 'adapt' else (256,
-                                                                   (h, w))
-            state = KCLAState(
-                torch.rand(n, c_in, *size) * 5,
-                torch.rand(n, c_in // 64) + 0.5)
-        y_ref, state_ref = layer(x, state)  # grad mode: never in place
-        assert y_ref.grad_fn is not None
-        x_in = x.clone()
-        state_in = None if state is None else KCLAState(
-            state.u.clone(), state.z.clone())
-        with torch.no_grad():
-            y, new_state = layer(x_in, state_in)
-        for ours, ref in ((y, y_ref), (new_state.u, state_ref.u),
-                          (new_state.z, state_ref.z)):
-            torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
-        # Without autograd the block output is updated in place.
-        assert y.data_ptr() == x_in.data_ptr()
-    finally:
-        torch.set_default_dtype(torch.float32)
 
 
 @pytest.mark.parametrize('n', [1, 3])

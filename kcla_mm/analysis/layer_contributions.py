@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from kcla_mm.models.layers import KCLALayer, MRLALightLayer
-from kcla_mm.models.layers.kcla_layer import bn_affine, spatial_mean
+from kcla_mm.models.layers.attention_branch import bn_affine
 from .complexity import attention_modules, eval_forward_with_hooks
 
 
@@ -42,12 +42,12 @@ def kcla_normalised_weights(model: nn.Module, x: Tensor) -> List[Tensor]:
 
     def before(module: KCLALayer, args):
         x_t, state = args
-        key = module._pooled_conv(module.key_conv, spatial_mean(x_t))
+        _, key = module.query_key(x_t)
         renorm_z = None
         if state is not None and module.renorm:
             renorm_z = module.renormalise(state).z
         records.append(
-            dict(w=module._layer_weight(key.norm(dim=2)), renorm_z=renorm_z))
+            dict(w=module.layer_weight(key.norm(dim=2)), renorm_z=renorm_z))
 
     def after(module, args, out):
         records[-1]['z'] = out[1].z

@@ -5,6 +5,7 @@ from mmdet.registry import MODELS as MMDET_MODELS
 from mmseg.registry import MODELS as MMSEG_MODELS
 
 from ..layers import KCLALayer
+from ..layers.kcla_layer import IMPLEMENTATIONS
 from .cross_layer_resnet import CrossLayerResNet
 
 
@@ -32,6 +33,13 @@ class KCLAResNet(CrossLayerResNet):
         renorm_blocks (Sequence[int]): Block indices within a stage whose
             KCLA layer re-normalises the state. Default: (0, 11) (official;
             block 11 exists only in the deep stages of ResNet-101/152).
+        kcla_implementation (str): ``'fused'`` or ``'reference'``, see
+            :class:`~kcla_mm.models.layers.KCLALayer`. Default: 'fused'.
+        kcla_inplace (bool): In inference without autograd, add each KCLA
+            branch into the block output in place and update the state in
+            place. Saves memory traffic, but a forward hook that keeps a
+            block's output (``layerN.J``) sees it overwritten by the next
+            step. Default: False.
         **kwargs: Arguments of mmdet's ``ResNet`` (depth, in_channels,
             base_channels, num_stages, strides, dilations, out_indices, style,
             deep_stem, avg_down, frozen_stages, conv_cfg, norm_cfg, norm_eval,
@@ -57,14 +65,22 @@ class KCLAResNet(CrossLayerResNet):
                  clamp: float = 10.,
                  kcla_drop_path: float = 0.2,
                  renorm_blocks: Sequence[int] = (0, 11),
+                 kcla_implementation: str = 'fused',
+                 kcla_inplace: bool = False,
                  **kwargs):
+        if kcla_implementation not in IMPLEMENTATIONS:
+            raise ValueError(
+                f'kcla_implementation={kcla_implementation!r} must be one '
+                f'of {IMPLEMENTATIONS}')
         self.renorm_blocks = tuple(renorm_blocks)
         self.kcla_cfg = self.shared_layer_cfg(
             kwargs,
             head_dim=head_dim,
             temperature_range=tuple(temperature_range),
             clamp=clamp,
-            drop_path=kcla_drop_path)
+            drop_path=kcla_drop_path,
+            implementation=kcla_implementation,
+            inplace=kcla_inplace)
         super().__init__(depth=depth, head_dim=head_dim, **kwargs)
 
     def make_attention(self, channels: int, block_index: int,

@@ -1,4 +1,5 @@
-from .kcla_layer import KCLALayer, KCLAState
+from .kcla_layer import KCLALayer
+from .kcla_state import KCLAState
 from .la_layer import LALayer, LAState
 from .mrla_light_layer import MRLALightLayer
 

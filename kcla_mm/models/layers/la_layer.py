@@ -20,8 +20,9 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .kcla_layer import (add_branch, build_state_adapter, check_branch_args,
-                         eca_conv1d, head_scaled_add, spatial_mean)
+from .attention_branch import (add_branch, at_least_fp32, build_state_adapter,
+                               check_branch_args, eca_conv1d, head_scaled_add,
+                               spatial_mean)
 
 
 class LAState(NamedTuple):
@@ -113,11 +114,11 @@ class LALayer(BaseModule):
         else:
             self.state_adapt = None
 
-    def _key(self, conv: nn.Conv1d, pooled: Tensor) -> Tensor:
+    @staticmethod
+    def _key(conv: nn.Conv1d, pooled: Tensor) -> Tensor:
         """ECA-style 1-D conv over pooled channels, (N, C) -> (N, C), at
         least fp32 (the softmax logits are accumulated in it)."""
-        out = conv(pooled[:, None])[:, 0]
-        return out.to(torch.promote_types(out.dtype, torch.float32))
+        return at_least_fp32(conv(pooled[:, None])[:, 0])
 
     def adapt(self, state: LAState) -> LAState:
         """Maps the whole cache to this stage's width and size."""

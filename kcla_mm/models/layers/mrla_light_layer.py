@@ -24,8 +24,9 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .kcla_layer import (add_branch, build_state_adapter, check_branch_args,
-                         eca_conv1d, head_scaled_add, spatial_mean)
+from .attention_branch import (add_branch, build_state_adapter,
+                               check_branch_args, eca_conv1d, head_scaled_add,
+                               spatial_mean)
 
 
 class MRLALightLayer(BaseModule):

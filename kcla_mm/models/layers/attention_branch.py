@@ -1,0 +1,133 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""What the three layer-attention layers (KCLA, LA, MRLA-light) are built
+from: the pooled-channel convs, argument checks, the state adapter of the
+paper's Algorithm 1, the drop-path residual and a few tensor helpers.
+
+Sharing them keeps a comparison of the three layers a comparison of their
+aggregation rules only.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+from mmcv.cnn import build_conv_layer
+from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...torch_compat import is_autocast_enabled
+
+
+def at_least_fp32(t: Tensor) -> Tensor:
+    """fp16/bf16 -> fp32; fp32 and fp64 stay as they are.
+
+    Layer weights, keys and states are kept at least in fp32: the sum of
+    ``exp(.)`` (up to e^10 per layer) overflows fp16 after a few layers.
+    """
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def spatial_mean(x: Tensor) -> Tensor:
+    """Global average pool to (N, C).
+
+    ``sum / HW`` rather than ``mean``: mean's backward writes a full-size
+    gradient, sum's is a broadcast view.
+    """
+    return x.sum((2, 3)) / (x.shape[2] * x.shape[3])
+
+
+def eca_kernel_size(channels: int, gamma: int = 2, beta: int = 1) -> int:
+    """Kernel size of an ECA 1-D conv over ``channels`` (always odd)."""
+    t = int(abs((math.log(channels, 2) + beta) / gamma))
+    return t if t % 2 else t + 1
+
+
+def eca_conv1d(channels: int) -> nn.Conv1d:
+    """A bias-free ECA-style 1-D conv over the pooled channels."""
+    k_size = eca_kernel_size(channels)
+    return nn.Conv1d(1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
+
+
+def check_branch_args(channels: int, head_dim: int, drop_path: float) -> None:
+    """The checks every layer-attention branch makes of its arguments."""
+    if head_dim <= 0 or channels % head_dim:
+        raise ValueError(f'head_dim={head_dim} must divide the stage '
+                         f'width channels={channels}')
+    if not 0. <= drop_path < 1.:
+        raise ValueError(f'drop_path={drop_path} must be in [0, 1)')
+
+
+def build_state_adapter(conv_cfg: Optional[dict], state_channels: int,
+                        channels: int, stride: int,
+                        num_heads: int) -> nn.Module:
+    """Algorithm 1's map of a state to a new stage: a 1x1 conv grouped by
+    heads, with the stage's stride."""
+    if state_channels % num_heads:
+        raise ValueError(f'state_channels={state_channels} must be divisible '
+                         f'by the number of heads {num_heads}')
+    return build_conv_layer(
+        conv_cfg,
+        state_channels,
+        channels,
+        kernel_size=1,
+        stride=stride,
+        groups=num_heads,
+        bias=False)
+
+
+def add_branch(x: Tensor, branch: Tensor, drop_path: float,
+               training: bool) -> Tensor:
+    """x + DropPath(branch), per sample, out of place."""
+    if training and drop_path > 0:
+        keep = 1 - drop_path
+        mask = x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep)
+        return torch.addcmul(x, branch, mask.div_(keep))
+    return x + branch
+
+
+def head_scaled_add(base: Optional[Tensor], scale: Tensor,
+                    t: Tensor) -> Tensor:
+    """``base + scale * t`` with one scale per (sample, head).
+
+    ``t`` and ``base`` are (N, C, H, W), ``scale`` is (N, heads); the result
+    has at least ``scale``'s precision (the state is never fp16) and, when
+    ``t`` is channels_last, stays channels_last. For contiguous full
+    precision this runs as a batched outer product: its backward gets the
+    scale's gradient from a dot product, where an elementwise multiply
+    would first write a state-sized product to memory.
+    """
+    n, heads = scale.shape
+    if (t.dtype == scale.dtype and t.is_contiguous()
+            and (base is None or base.is_contiguous())
+            and not is_autocast_enabled(t.device.type)):
+        flat = (n * heads, 1, -1)
+        scale_3d = scale.reshape(n * heads, 1, 1)
+        if base is None:
+            out = torch.bmm(scale_3d, t.reshape(flat))
+        else:
+            out = torch.baddbmm(base.reshape(flat), scale_3d,
+                                t.reshape(flat))
+        return out.view(t.shape)
+    # Elementwise with one scale per channel: a (N, heads, -1) reshape would
+    # copy a channels_last tensor, and bmm would be autocast to fp16 (these
+    # ops promote to the scale's fp32 instead).
+    scale_4d = scale.repeat_interleave(t.shape[1] // heads, dim=1)[..., None,
+                                                                   None]
+    if base is None:
+        return t * scale_4d
+    return torch.addcmul(base, t, scale_4d)
+
+
+def is_frozen_bn(norm: nn.Module) -> bool:
+    """Whether ``norm`` is a BN that applies its running statistics."""
+    return (isinstance(norm, _BatchNorm) and not norm.training
+            and norm.track_running_stats)
+
+
+def bn_affine(norm: _BatchNorm) -> Tuple[Tensor, Tensor]:
+    """Eval-mode BN as y = scale * x + shift, per channel."""
+    scale = torch.rsqrt(norm.running_var + norm.eps)
+    if norm.weight is not None:
+        scale = scale * norm.weight
+    shift = -norm.running_mean * scale
+    return scale, shift if norm.bias is None else shift + norm.bias

@@ -1,0 +1,248 @@
+"""Every fast path of KCLALayer (kcla_mm/models/layers/kcla_fused.py)
+against the reference implementation (KCLALayer.forward_reference and the
+methods it is written with), piece by piece and whole."""
+import copy
+
+import pytest
+import torch
+
+from kcla_mm.models import KCLAResNet
+from kcla_mm.models.layers import KCLALayer, KCLAState
+from kcla_mm.models.layers.kcla_fused import (folded_value, fused_forward,
+                                              fused_query_key,
+                                              fused_renormalise)
+from kcla_mm.models.layers.kcla_state import STATE_EPS
+from official_reference import randomise_
+
+CASES = ['first', 'carry', 'adapt', 'renorm']
+FORMATS = {
+    'contiguous': torch.contiguous_format,
+    'channels_last': torch.channels_last
+}
+NORMS = {'BN': dict(type='BN'), 'GN': dict(type='GN', num_groups=4)}
+
+
+@pytest.fixture
+def float64():
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+def make_case(case, n=3, norm='BN', drop_path=0., inplace=False):
+    """A randomised layer, its input and its incoming state.
+
+    'adapt' changes width 128 -> 256 and size 17x13 -> 9x7 (Algorithm 1
+    with a conv); 'renorm' re-normalises without one; 'first' has no state.
+    """
+    kwargs = dict(state_channels=128, state_stride=2) \
+        if case == 'adapt' else {}
+    layer = randomise_(
+        KCLALayer(
+            256,
+            renorm=case in ('adapt', 'renorm'),
+            norm_cfg=NORMS[norm],
+            drop_path=drop_path,
+            inplace=inplace,
+            **kwargs))
+    x = torch.rand(n, 256, 9, 7)
+    state = None
+    if case != 'first':
+        c_in, size = (128, (17, 13)) if case == 'adapt' else (256, (9, 7))
+        state = KCLAState(
+            torch.rand(n, c_in, *size) * 5, torch.rand(n, c_in // 64) + 0.5)
+    return layer, x, state
+
+
+def assert_close(ours, ref, tol):
+    """Relative to the largest entry: the state sums weights up to e^10."""
+    torch.testing.assert_close(
+        ours, ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+def gradients(outputs, inputs, grad_outputs):
+    """d(outputs . grad_outputs) / d(inputs); zeros for unused inputs."""
+    grads = torch.autograd.grad(
+        outputs, inputs, grad_outputs, allow_unused=True)
+    return [torch.zeros_like(i) if g is None else g
+            for i, g in zip(inputs, grads)]
+
+
+def test_fused_query_key(float64):
+    layer, x, _ = make_case('first')
+    for ours, ref in zip(fused_query_key(layer, x), layer.query_key(x)):
+        assert ours.shape == ref.shape == (3, 4, 64)
+        assert_close(ours, ref, 1e-12)
+
+
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('case', ['adapt', 'renorm'])
+def test_fused_renormalise(float64, case, mode):
+    layer, _, state = make_case(case)
+    layer.train(mode == 'train')
+    state = KCLAState(state.u.requires_grad_(), state.z.requires_grad_())
+    ours = fused_renormalise(layer, state)
+    ref = layer.renormalise(state)
+    for a, b in zip(ours, ref):
+        assert_close(a, b, 1e-12)
+    grads = [torch.randn_like(t) for t in ref]
+    params = [state.u, state.z] + list(layer.parameters())
+    for a, b in zip(gradients(ours, params, grads),
+                    gradients(ref, params, grads)):
+        assert_close(a, b, 1e-8)
+
+
+@pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])
+@pytest.mark.parametrize('n', [1, 3])
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('norm', ['BN', 'GN'])
+def test_folded_value(float64, norm, mode, n, memory_format):
+    """The kernel fold (and, for eval-mode BN, the BN fold) against
+    KCLALayer.branch, forward and backward."""
+    layer, _, _ = make_case('carry', n=n, norm=norm)
+    layer.train(mode == 'train')
+    fmt = FORMATS[memory_format]
+    u = (torch.rand(n, 256, 9, 7) * 5).contiguous(
+        memory_format=fmt).requires_grad_()
+    z = (torch.rand(n, 4) + 0.5).requires_grad_()
+    gate = torch.rand(n, 4).requires_grad_()
+    ours = folded_value(layer, u, gate / (z + STATE_EPS), u.dtype)
+    ref = layer.branch(u, z, gate, u.dtype)
+    assert_close(ours, ref, 1e-12)
+    grad = torch.randn_like(ref)
+    params = [u, z, gate] + list(layer.parameters())
+    for a, b in zip(gradients(ours, params, grad),
+                    gradients(ref, params, grad)):
+        assert_close(a, b, 1e-8)
+
+
+@pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])
+@pytest.mark.parametrize('n', [1, 3])
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('case', CASES)
+def test_fused_forward_float64(float64, case, mode, n, memory_format):
+    """The whole layer: outputs, state and every gradient."""
+    layer, x, state = make_case(case, n=n)
+    layer.train(mode == 'train')
+    fmt = FORMATS[memory_format]
+    x = x.contiguous(memory_format=fmt).requires_grad_()
+    inputs = [x]
+    if state is not None:
+        state = KCLAState(
+            state.u.contiguous(memory_format=fmt).requires_grad_(),
+            state.z.requires_grad_())
+        inputs += list(state)
+    y, new_state = fused_forward(layer, x, state)
+    y_ref, state_ref = layer.forward_reference(x, state)
+    outs, refs = (y, *new_state), (y_ref, *state_ref)
+    for a, b in zip(outs, refs):
+        assert_close(a, b, 1e-12)
+    grads = [torch.randn_like(t) for t in refs]
+    params = inputs + list(layer.parameters())
+    for a, b in zip(gradients(outs, params, grads),
+                    gradients(refs, params, grads)):
+        assert_close(a, b, 1e-8)
+
+
+@pytest.mark.parametrize('inplace', [False, True])
+@pytest.mark.parametrize('norm', ['BN', 'GN'])
+@pytest.mark.parametrize('case', CASES)
+def test_fused_inference_in_and_out_of_place(float64, case, norm, inplace):
+    """Without autograd: the reference's values either way; the inputs are
+    left alone unless ``inplace`` was asked for."""
+    layer, x, state = make_case(case, norm=norm, inplace=inplace)
+    layer.eval()
+    with torch.no_grad():
+        y_ref, state_ref = layer.forward_reference(x, state)
+        x_in = x.clone()
+        state_in = None if state is None else KCLAState(
+            state.u.clone(), state.z.clone())
+        y, new_state = layer(x_in, state_in)
+    for ours, ref in zip((y, *new_state), (y_ref, *state_ref)):
+        assert_close(ours, ref, 1e-12)
+    assert (y.data_ptr() == x_in.data_ptr()) is inplace
+    assert torch.equal(x_in, x) is not inplace
+    if case == 'carry':  # the state is updated where it lies
+        assert (new_state.u.data_ptr() == state_in.u.data_ptr()) is inplace
+        assert torch.equal(state_in.u, state.u) is not inplace
+
+
+def test_fused_forward_float32_and_drop_path():
+    """fp32 within 1e-5 of the reference; drop path draws the same mask
+    from the same seed on both paths."""
+    layer, x, state = make_case('adapt', drop_path=0.5, n=8)
+    layer.train()
+    torch.manual_seed(1)
+    y, new_state = fused_forward(layer, x, state)
+    torch.manual_seed(1)
+    y_ref, state_ref = layer.forward_reference(x, state)
+    for ours, ref in zip((y, *new_state), (y_ref, *state_ref)):
+        assert_close(ours, ref, 1e-5)
+    dropped = ((y - x).flatten(1).abs().sum(1) == 0).sum().item()
+    assert 0 < dropped < 8
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('implementation', ['reference', 'fused'])
+def test_autocast_keeps_the_state_in_fp32(implementation, dtype):
+    layer, x, state = make_case('adapt')
+    layer.implementation = implementation
+    layer.eval()
+    y_ref, state_ref = layer.forward_reference(x, state)
+    try:
+        with torch.autocast('cpu', dtype=dtype):
+            y, new_state = layer(x, state)
+    except RuntimeError as exc:  # torch 2.1: no fp16 CPU autocast kernels
+        pytest.skip(f'{dtype} CPU autocast unavailable here: {exc}')
+    assert new_state.u.dtype == new_state.z.dtype == torch.float32
+    assert torch.isfinite(y).all() and torch.isfinite(new_state.u).all()
+    assert_close(y.float(), y_ref, 5e-2)
+
+
+def test_unknown_implementation_is_named():
+    with pytest.raises(ValueError, match="implementation='cuda'"):
+        KCLALayer(256, implementation='cuda')
+    with pytest.raises(ValueError, match="kcla_implementation='fast'"):
+        KCLAResNet(depth=18, head_dim=32, kcla_implementation='fast')
+
+
+def test_backbone_implementations_agree():
+    """KCLAResNet-18 eval features, fused against reference."""
+    ref = randomise_(
+        KCLAResNet(
+            depth=18, base_channels=16, head_dim=8,
+            kcla_implementation='reference')).eval()
+    model = copy.deepcopy(ref)
+    for module in model.modules():
+        if isinstance(module, KCLALayer):
+            module.implementation = 'fused'
+    x = torch.rand(2, 3, 65, 47)
+    with torch.no_grad():
+        for ours, want in zip(model(x), ref(x)):
+            assert_close(ours, want, 1e-5)
+
+
+@pytest.mark.parametrize('inplace', [False, True])
+def test_forward_hook_on_a_block_keeps_its_output(inplace):
+    """Feature extraction with a forward hook on ``layerN.J``: by default
+    what the hook holds is what the block returned; ``kcla_inplace=True``
+    trades that away (documented), and the test shows it does."""
+    model = KCLAResNet(
+        depth=18, base_channels=16, head_dim=8,
+        kcla_inplace=inplace).eval()
+    held, copies = {}, {}
+
+    def keep(name):
+
+        def hook(module, args, out):
+            held[name] = out
+            copies[name] = out.clone()
+
+        return hook
+
+    for name in ('layer1.0', 'layer1.1', 'layer3.0'):
+        model.get_submodule(name).register_forward_hook(keep(name))
+    with torch.no_grad():
+        model(torch.rand(2, 3, 64, 64))
+    changed = [n for n in held if not torch.equal(held[n], copies[n])]
+    assert changed == (sorted(held) if inplace else [])

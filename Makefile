@@ -10,7 +10,7 @@ DEMO_CONFIG := configs/kcla/demo/faster-rcnn_kcla-r18_fpn_synthetic-coco.py
 DEMO_DATA := data/synthetic_coco
 DEMO_WORK := work_dirs/demo
 
-.PHONY: setup setup-compat demo test test-compat bench backbone-summary
+.PHONY: setup setup-compat demo test test-compat lint bench backbone-summary
 
 setup:
 	bash scripts/setup_venv.sh main
@@ -33,8 +33,16 @@ test: setup
 test-compat: setup-compat
 	$(PY_COMPAT) -m pytest tests -q
 
+# flake8, isort and yapf with the OpenMMLab settings of setup.cfg (the
+# checks of .pre-commit-config.yaml). `isort` and `yapf -i -r` fix in place.
+LINT_PATHS := kcla_mm tools tests configs scripts setup.py
+lint: setup
+	.venv/bin/flake8 $(LINT_PATHS)
+	.venv/bin/isort --check-only --diff $(LINT_PATHS)
+	.venv/bin/yapf --diff --recursive $(LINT_PATHS)
+
 bench: setup
 	$(PY) tools/analysis/benchmark_backbone.py --depth 50 --threads 1
 
 backbone-summary: setup
-	$(PY) tools/analysis/backbone_summary.py configs/_base_/models/kcla-r50.py
+	$(PY) tools/analysis/backbone_summary.py configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py --cfg-options model.backbone.init_cfg=None

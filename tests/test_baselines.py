@@ -198,7 +198,7 @@ BASELINE_CONFIGS = sorted(
 
 def test_every_comparison_config_exists():
     names = {osp.basename(p) for p in BASELINE_CONFIGS}
-    for method in ('la', 'mrlal'):
+    for method in ('la', 'mrla-light'):
         for det in ('faster', 'mask'):
             assert f'{det}-rcnn_{method}-r50_fpn_1x_coco.py' in names
         for data in ('isic2017', 'isic2018', 'kvasir-seg'):

@@ -1,6 +1,4 @@
-# The UNet of configs/kcla/unet_kcla-r18_kvasir-seg-256x256.py (narrow
-# ResNet-18 encoder, base_channels 32, head_dim 16, trained from scratch) with
-# standard layer attention (LA) (LAResNet) in place of KCLA, for the paper's
-# comparison.
+# The UNet of configs/kcla/unet_kcla-r18_kvasir-seg-256x256.py with standard
+# layer attention (LA, LAResNet) in place of KCLA, for the paper's comparison.
 _base_ = '../kcla/unet_kcla-r18_kvasir-seg-256x256.py'
 model = dict(backbone=dict(type='LAResNet'))

@@ -1,14 +1,8 @@
-# Faster R-CNN R101-FPN 1x on COCO2017, with a KCLA-ResNet-101 backbone.
-# The backbone starts from a converted official KCLA ImageNet checkpoint
-# (tools/model_converters/kcla_official2mm.py); put it at the path below,
-# relative to where you run tools/train.py, or override it with
-#   --cfg-options model.backbone.init_cfg.checkpoint=PATH
-_base_ = 'mmdet::faster_rcnn/faster-rcnn_r101_fpn_1x_coco.py'
-custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
-
+# Faster R-CNN R101-FPN 1x on COCO2017, with a KCLA-ResNet-101 backbone: the
+# R50 config with depth 101 (as mmdet's R101 configs are), starting from the
+# converted official KCLA-ResNet-101 ImageNet checkpoint.
+_base_ = './faster-rcnn_kcla-r50_fpn_1x_coco.py'
 model = dict(
     backbone=dict(
-        type='KCLAResNet',
-        init_cfg=dict(
-            type='Pretrained',
-            checkpoint='checkpoints/kcla_r101_imagenet.pth')))
+        depth=101,
+        init_cfg=dict(checkpoint='checkpoints/kcla_r101_imagenet.pth')))

@@ -9,6 +9,4 @@ custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
 model = dict(
     backbone=dict(
         type='KCLAResNet',
-        init_cfg=dict(
-            type='Pretrained',
-            checkpoint='checkpoints/kcla_r50_imagenet.pth')))
+        init_cfg=dict(checkpoint='checkpoints/kcla_r50_imagenet.pth')))

@@ -5,4 +5,3 @@ _base_ = [
     '../_base_/models/unet_kcla-r18.py', '../_base_/datasets/isic2017.py',
     'mmseg::_base_/default_runtime.py', '../_base_/schedules/adamw_20k.py'
 ]
-custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)

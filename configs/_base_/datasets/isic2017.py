@@ -20,7 +20,6 @@ test_pipeline = [
     dict(type='PackSegInputs')
 ]
 
-
 train_dataloader = dict(
     batch_size=8,
     num_workers=2,
@@ -40,14 +39,13 @@ val_dataloader = dict(
     dataset=dict(
         type=dataset_type,
         data_root=data_root,
-        data_prefix=dict(
-            img_path='img_dir/val', seg_map_path='ann_dir/val'),
+        data_prefix=dict(img_path='img_dir/val', seg_map_path='ann_dir/val'),
         pipeline=test_pipeline))
 test_dataloader = dict(
     val_dataloader,
     dataset=dict(
         val_dataloader['dataset'],
-        data_prefix=dict(
-            img_path='img_dir/test', seg_map_path='ann_dir/test')))
+        data_prefix=dict(img_path='img_dir/test',
+                         seg_map_path='ann_dir/test')))
 val_evaluator = dict(type='ForegroundIoUMetric', iou_metrics=['mIoU', 'mDice'])
 test_evaluator = val_evaluator

@@ -1,6 +1,6 @@
 # UNet-style segmentor: a narrow KCLA-ResNet-18 encoder (the paper's UNet is
 # small) and a top-down UNetHead back to full resolution, 2 classes,
-# cross-entropy + Dice loss.
+# cross-entropy + Dice loss. unet_r18.py swaps in a plain ResNet-18 encoder.
 custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
 norm_cfg = dict(type='BN', requires_grad=True)
 crop_size = (256, 256)
@@ -43,21 +43,3 @@ model = dict(
         ]),
     train_cfg=dict(),
     test_cfg=dict(mode='whole'))
-
-# The plain ResNet-18 encoder of the same width, for the unet_r18_* configs:
-# model = dict(backbone=plain_r18_backbone) replaces the KCLA encoder.
-plain_r18_backbone = dict(
-    _delete_=True,
-    type='ResNet',
-    depth=18,
-    # mmseg's ResNet widens the stem to 64 by default; KCLAResNet's stem has
-    # base_channels (mmdet's rule), so the comparison needs it said.
-    stem_channels=32,
-    base_channels=32,
-    out_indices=(0, 1, 2, 3),
-    frozen_stages=-1,
-    norm_cfg=norm_cfg,
-    norm_eval=False,
-    style='pytorch',
-    contract_dilation=True,
-    init_cfg=None)

@@ -20,13 +20,10 @@ model = dict(
         init_cfg=None),
     neck=dict(in_channels=[32, 64, 128, 256], out_channels=64),
     rpn_head=dict(
-        in_channels=64,
-        feat_channels=64,
-        anchor_generator=dict(scales=[4])),
+        in_channels=64, feat_channels=64, anchor_generator=dict(scales=[4])),
     roi_head=dict(
         bbox_roi_extractor=dict(out_channels=64),
-        bbox_head=dict(
-            in_channels=64, fc_out_channels=256, num_classes=3)),
+        bbox_head=dict(in_channels=64, fc_out_channels=256, num_classes=3)),
     train_cfg=dict(
         rpn_proposal=dict(nms_pre=1000, max_per_img=300),
         rcnn=dict(sampler=dict(num=128))),
@@ -62,16 +59,20 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 test_evaluator = val_evaluator
 
+# mmdet's 1x schedule (12 epochs, SGD lr 0.02) with a shorter warm-up and a
+# later first step; validated and saved once, after the last epoch.
 max_epochs = 12
-train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
+train_cfg = dict(val_interval=max_epochs)
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-         end=100),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True,
-         milestones=[9, 11], gamma=0.1)
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
+    dict(
+        type='MultiStepLR',
+        begin=0,
+        end=max_epochs,
+        by_epoch=True,
+        milestones=[9, 11],
+        gamma=0.1)
 ]
-optim_wrapper = dict(optimizer=dict(lr=0.02))
-auto_scale_lr = dict(enable=False)
 default_hooks = dict(
     logger=dict(interval=10),
     checkpoint=dict(interval=max_epochs, max_keep_ckpts=1))

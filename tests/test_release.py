@@ -31,7 +31,11 @@ MIM = osp.join(osp.dirname(sys.executable), 'mim')
 
 def run(repo_root, *args, env=None, check=True, timeout=600):
     result = subprocess.run(
-        list(args), cwd=repo_root, capture_output=True, text=True, env=env,
+        list(args),
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=timeout)
     if check:
         assert result.returncode == 0, (
@@ -60,33 +64,45 @@ def release(tmp_path_factory, repo_root):
     root = tmp_path_factory.mktemp('release')
     data = root / 'coco'
     run(repo_root, sys.executable, 'tools/misc/make_synthetic_coco.py',
-        str(data), '--train', '4', '--val', '2', '--size', '96', '--seed',
-        '0')
+        str(data), '--train', '4', '--val', '2', '--size', '96', '--seed', '0')
     # The demo config, keeping every detection (an almost untrained model
     # scores below mmdet's 0.05), so that predictions are never empty.
     config = root / f'{MODEL_NAME}.py'
-    config.write_text(textwrap.dedent(f"""\
+    config.write_text(
+        textwrap.dedent(f"""\
         _base_ = '{osp.join(repo_root, DEMO_CONFIG)}'
         model = dict(test_cfg=dict(rcnn=dict(score_thr=0.0)))
         """))
     work = root / 'work'
-    opts = [f'data_root={data}', 'train_cfg.max_epochs=1',
-            'train_dataloader.batch_size=2']
+    opts = [
+        f'data_root={data}', 'train_cfg.max_epochs=1',
+        'train_dataloader.batch_size=2'
+    ]
     for loader in ('train', 'val', 'test'):
-        opts += [f'{loader}_dataloader.num_workers=0',
-                 f'{loader}_dataloader.persistent_workers=False']
-    run(repo_root, sys.executable, 'tools/train.py', str(config),
-        '--work-dir', str(work), '--cfg-options', *opts)
+        opts += [
+            f'{loader}_dataloader.num_workers=0',
+            f'{loader}_dataloader.persistent_workers=False'
+        ]
+    run(repo_root, sys.executable, 'tools/train.py', str(config), '--work-dir',
+        str(work), '--cfg-options', *opts)
     trained = work / 'epoch_1.pth'
     assert trained.is_file()
-    log = run(repo_root, sys.executable,
-              'tools/model_converters/publish_model.py', str(trained),
-              str(root / 'published' / f'{MODEL_NAME}.pth'),
-              env=clean_env()).stdout
+    log = run(
+        repo_root,
+        sys.executable,
+        'tools/model_converters/publish_model.py',
+        str(trained),
+        str(root / 'published' / f'{MODEL_NAME}.pth'),
+        env=clean_env()).stdout
     published = re.search(r'^published (.+)$', log, re.M).group(1)
     image = sorted((data / 'val2017').iterdir())[0]
-    return dict(root=root, config=str(config), trained=str(trained),
-                published=published, log=log, image=str(image))
+    return dict(
+        root=root,
+        config=str(config),
+        trained=str(trained),
+        published=published,
+        log=log,
+        image=str(image))
 
 
 # mmdet's own DetInferencer in a fresh interpreter: nothing imports kcla_mm
@@ -108,8 +124,15 @@ DET_PREDICT = textwrap.dedent("""\
 
 def det_predictions(repo_root, tmp_path, config, image, *weights):
     out = tmp_path / 'predictions.json'
-    run(repo_root, sys.executable, '-c', DET_PREDICT, config, image,
-        str(out), *weights, env=clean_env())
+    run(repo_root,
+        sys.executable,
+        '-c',
+        DET_PREDICT,
+        config,
+        image,
+        str(out),
+        *weights,
+        env=clean_env())
     return json.load(open(out))
 
 
@@ -125,8 +148,8 @@ def test_publish_name_hash_and_keys(release):
     # Nothing else left in the output folder (no temporary file).
     assert os.listdir(osp.dirname(published)) == [name]
 
-    from kcla_mm.utils.checkpoint_safety import allow_mmengine_checkpoint_types
     from kcla_mm.torch_compat import load_checkpoint_file
+    from kcla_mm.utils.checkpoint_safety import allow_mmengine_checkpoint_types
     allow_mmengine_checkpoint_types()
     trained = load_checkpoint_file(release['trained'])
     released = torch.load(published, weights_only=True)
@@ -135,8 +158,9 @@ def test_publish_name_hash_and_keys(release):
     for key in ('optimizer', 'message_hub', 'param_schedulers'):
         assert key in release['log'].split('dropped:')[1].splitlines()[0]
     assert released['meta'] == trained['meta']
-    assert released['meta']['dataset_meta']['classes'] == (
-        'circle', 'rectangle', 'triangle')
+    assert released['meta']['dataset_meta']['classes'] == ('circle',
+                                                           'rectangle',
+                                                           'triangle')
     assert released['state_dict'].keys() == trained['state_dict'].keys()
     for key, value in trained['state_dict'].items():
         assert torch.equal(released['state_dict'][key], value), key
@@ -146,21 +170,23 @@ def test_published_checkpoint_loads_with_plain_weights_only(release):
     # weights_only=True spelled out: torch < 2.6 does not default to it.
     load = ('import sys, torch; '
             'c = torch.load(sys.argv[1], weights_only=True); print(sorted(c))')
-    result = subprocess.run(
-        [sys.executable, '-c', load, release['published']],
-        capture_output=True, text=True, env=clean_env())
+    result = subprocess.run([sys.executable, '-c', load, release['published']],
+                            capture_output=True,
+                            text=True,
+                            env=clean_env())
     assert result.returncode == 0, result.stderr[-2000:]
     assert "['meta', 'state_dict']" in result.stdout
     # The training checkpoint does not (mmengine's logging types): the
     # stripping is what makes the published file loadable.
-    result = subprocess.run(
-        [sys.executable, '-c', load, release['trained']],
-        capture_output=True, text=True, env=clean_env())
+    result = subprocess.run([sys.executable, '-c', load, release['trained']],
+                            capture_output=True,
+                            text=True,
+                            env=clean_env())
     assert result.returncode != 0 and 'weights_only' in result.stderr
 
 
 def test_release_name_strips_the_suffix_not_characters():
-    from kcla_mm.engine import release_name
+    from kcla_mm.model_zoo import release_name
     digest = 'abcdef0123456789'
     # str.rstrip('.pth') would give 'de' and 'ht'.
     assert release_name('w/depth.pth', digest) == 'w/depth-abcdef01.pth'
@@ -178,8 +204,7 @@ def load_tool(repo_root, relative):
     return module
 
 
-def test_publish_refuses_what_is_not_a_checkpoint(tmp_path, repo_root,
-                                                   capsys):
+def test_publish_refuses_what_is_not_a_checkpoint(tmp_path, repo_root, capsys):
     tool = load_tool(repo_root, 'tools/model_converters/publish_model.py')
     text = tmp_path / 'notes.pth'
     text.write_text('not a checkpoint\n')
@@ -195,25 +220,28 @@ def test_publish_refuses_what_is_not_a_checkpoint(tmp_path, repo_root,
         (weights, "has no 'ema_state_dict'", ['--keep-ema']),
     ]
     for path, message, extra in cases:
-        code = tool.main([str(path), str(tmp_path / 'out' / 'x.pth'),
-                          *extra])
+        code = tool.main([str(path), str(tmp_path / 'out' / 'x.pth'), *extra])
         stderr = capsys.readouterr().err
         assert code == 1, (path, stderr)
         assert f'error: {path}' in stderr and message in stderr, stderr
-    assert not osp.exists(tmp_path / 'out') or not os.listdir(tmp_path /
-                                                              'out')
+    assert not osp.exists(tmp_path / 'out') or not os.listdir(tmp_path / 'out')
 
 
 def test_publish_keeps_ema_weights_only_on_request(tmp_path):
-    from kcla_mm.engine import publish_checkpoint
+    from kcla_mm.model_zoo import publish_checkpoint
     source = tmp_path / 'ema.pth'
-    torch.save(dict(meta=dict(epoch=3), state_dict={'w': torch.ones(2)},
-                    ema_state_dict={'module.w': torch.zeros(2),
-                                    'steps': torch.tensor(5)},
-                    optimizer=dict(state={})), source)
+    torch.save(
+        dict(
+            meta=dict(epoch=3),
+            state_dict={'w': torch.ones(2)},
+            ema_state_dict={
+                'module.w': torch.zeros(2),
+                'steps': torch.tensor(5)
+            },
+            optimizer=dict(state={})), source)
     plain = publish_checkpoint(str(source), str(tmp_path / 'plain'))
-    with_ema = publish_checkpoint(str(source), str(tmp_path / 'ema'),
-                                  keep_ema=True)
+    with_ema = publish_checkpoint(
+        str(source), str(tmp_path / 'ema'), keep_ema=True)
     assert set(torch.load(plain['path'])) == {'meta', 'state_dict'}
     assert plain['dropped'] == ['ema_state_dict', 'optimizer']
     loaded = torch.load(with_ema['path'])
@@ -223,17 +251,19 @@ def test_publish_keeps_ema_weights_only_on_request(tmp_path):
 
 
 def test_publish_refuses_meta_that_weights_only_would_refuse(tmp_path):
-    from kcla_mm.engine import CheckpointPublishError
-    from kcla_mm.engine.publish import strip_checkpoint
-    checkpoint = dict(meta=dict(info=dict(when=torch.nn.Identity())),
-                      state_dict={'w': torch.ones(1)})
-    with pytest.raises(CheckpointPublishError,
-                       match=r"x\['meta'\]\.info\.when is a torch\.nn"):
+    from kcla_mm.model_zoo import CheckpointPublishError
+    from kcla_mm.model_zoo.publish import strip_checkpoint
+    checkpoint = dict(
+        meta=dict(info=dict(when=torch.nn.Identity())),
+        state_dict={'w': torch.ones(1)})
+    with pytest.raises(
+            CheckpointPublishError,
+            match=r"x\['meta'\]\.info\.when is a torch\.nn"):
         strip_checkpoint(checkpoint, source='x')
     # Such a file does not even load for publishing: weights_only stays on
     # where torch has the allow-list; elsewhere it loads as mmengine loads
     # it, and the same check of its meta refuses it.
-    from kcla_mm.engine import publish_checkpoint
+    from kcla_mm.model_zoo import publish_checkpoint
     from kcla_mm.torch_compat import WEIGHTS_ONLY_ALLOW_LIST
     source = tmp_path / 'odd.pth'
     torch.save(checkpoint, source)
@@ -252,8 +282,9 @@ def predictions(release, tmp_path_factory, repo_root):
     found = det_predictions(repo_root, tmp_path_factory.mktemp('predict'),
                             release['config'], release['image'],
                             release['trained'], release['published'])
-    return dict(trained=found[release['trained']],
-                published=found[release['published']])
+    return dict(
+        trained=found[release['trained']],
+        published=found[release['published']])
 
 
 def test_identical_predictions_before_and_after_publishing(predictions):
@@ -303,19 +334,25 @@ def test_package(release, model_server):
     (dist_info / 'METADATA').write_text(
         f'Metadata-Version: 2.1\nName: {TEST_PACKAGE}\nVersion: 0.0.1\n')
     (dist_info / 'top_level.txt').write_text(f'{TEST_PACKAGE}\n')
-    (mim_dir / 'model-index.yml').write_text(
-        'Import:\n  - configs/demo/metafile.yml\n')
+    (mim_dir /
+     'model-index.yml').write_text('Import:\n  - configs/demo/metafile.yml\n')
     metafile = dict(
-        Collections=[dict(
-            Name='KCLA',
-            Paper=dict(
-                Title='Enhancing Layer Interaction Using Key-Correlated '
-                'Layer Attention', URL='https://arxiv.org/abs/2606.28405'))],
-        Models=[dict(
-            Name=MODEL_NAME, **{'In Collection': 'KCLA'},
-            Config=f'configs/demo/{MODEL_NAME}.py',
-            Metadata={'Training Data': 'Synthetic COCO shapes'},
-            Weights=model_server['url'])])
+        Collections=[
+            dict(
+                Name='KCLA',
+                Paper=dict(
+                    Title='Enhancing Layer Interaction Using Key-Correlated '
+                    'Layer Attention',
+                    URL='https://arxiv.org/abs/2606.28405'))
+        ],
+        Models=[
+            dict(
+                Name=MODEL_NAME,
+                **{'In Collection': 'KCLA'},
+                Config=f'configs/demo/{MODEL_NAME}.py',
+                Metadata={'Training Data': 'Synthetic COCO shapes'},
+                Weights=model_server['url'])
+        ])
     (mim_dir / 'configs' / 'demo' / 'metafile.yml').write_text(
         yaml.safe_dump(metafile, sort_keys=False))
     return dict(site=str(site), env=clean_env(PYTHONPATH=str(site)))
@@ -325,14 +362,28 @@ def test_mim_search_and_download_from_loopback(release, model_server,
                                                test_package, predictions,
                                                tmp_path, repo_root):
     env = test_package['env']
-    search = run(repo_root, MIM, 'search', TEST_PACKAGE, '--display-width',
-                 '300', env=env).stdout
+    search = run(
+        repo_root,
+        MIM,
+        'search',
+        TEST_PACKAGE,
+        '--display-width',
+        '300',
+        env=env).stdout
     assert f'config id: {MODEL_NAME}' in search
     assert model_server['url'] in search
 
     dest = tmp_path / 'downloaded'
-    log = run(repo_root, MIM, 'download', TEST_PACKAGE, '--config',
-              MODEL_NAME, '--dest', str(dest), env=env)
+    log = run(
+        repo_root,
+        MIM,
+        'download',
+        TEST_PACKAGE,
+        '--config',
+        MODEL_NAME,
+        '--dest',
+        str(dest),
+        env=env)
     weights = dest / osp.basename(release['published'])
     assert weights.is_file()
     assert sha256(weights) == sha256(release['published'])
@@ -346,8 +397,8 @@ def test_mim_search_and_download_from_loopback(release, model_server,
 
     # Inference with the downloaded files, mmdet's own DetInferencer in a
     # fresh interpreter: the same predictions as the published file.
-    found = det_predictions(repo_root, tmp_path, str(config),
-                            release['image'], str(weights))
+    found = det_predictions(repo_root, tmp_path, str(config), release['image'],
+                            str(weights))
     assert found[str(weights)] == predictions['published']
 
 
@@ -362,15 +413,21 @@ BY_NAME = textwrap.dedent("""\
 
 
 def test_inference_by_name_fetches_the_index_weights(release, model_server,
-                                                      test_package,
-                                                      predictions, tmp_path,
-                                                      repo_root):
+                                                     test_package, predictions,
+                                                     tmp_path, repo_root):
     out = tmp_path / 'by_name.json'
     env = dict(test_package['env'], TORCH_HOME=str(tmp_path / 'torch_home'))
     count = model_server['requested'].count(
         f"/{osp.basename(release['published'])}")
-    run(repo_root, sys.executable, '-c', BY_NAME, MODEL_NAME, TEST_PACKAGE,
-        release['image'], str(out), env=env)
+    run(repo_root,
+        sys.executable,
+        '-c',
+        BY_NAME,
+        MODEL_NAME,
+        TEST_PACKAGE,
+        release['image'],
+        str(out),
+        env=env)
     # The weights came from the index's URL (mmengine's http loader).
     assert model_server['requested'].count(
         f"/{osp.basename(release['published'])}") == count + 1
@@ -378,9 +435,19 @@ def test_inference_by_name_fetches_the_index_weights(release, model_server,
 
     # The CLI, by name, writes the drawn image and the predictions.
     out_dir = tmp_path / 'cli'
-    log = run(repo_root, sys.executable, 'tools/infer.py', release['image'],
-              MODEL_NAME, '--package', TEST_PACKAGE, '--out-dir',
-              str(out_dir), '--pred-score-thr', '0', env=env).stdout
+    log = run(
+        repo_root,
+        sys.executable,
+        'tools/infer.py',
+        release['image'],
+        MODEL_NAME,
+        '--package',
+        TEST_PACKAGE,
+        '--out-dir',
+        str(out_dir),
+        '--pred-score-thr',
+        '0',
+        env=env).stdout
     image_name = osp.basename(release['image'])
     assert (out_dir / 'vis' / image_name).stat().st_size > 1000
     written = json.load(
@@ -390,9 +457,11 @@ def test_inference_by_name_fetches_the_index_weights(release, model_server,
     assert 'drawn to' in log
 
     infer = load_tool(repo_root, 'tools/infer.py')
-    with pytest.raises(ValueError, match='no-such-model is neither a config '
-                       'file nor a model name.*known models: .*'
-                       'faster-rcnn_kcla-r50_fpn_1x_coco'):
+    with pytest.raises(
+            ValueError,
+            match='no-such-model is neither a config '
+            'file nor a model name.*known models: .*'
+            'faster-rcnn_kcla-r50_fpn_1x_coco'):
         infer.main([release['image'], 'no-such-model'])
 
 
@@ -414,15 +483,21 @@ def test_segmentation_release_and_inference(release, tmp_path, repo_root):
     initial = tmp_path / 'unet.pth'
     run(repo_root, sys.executable, 'tools/misc/save_initial_checkpoint.py',
         SEG_CONFIG, str(initial))
-    from kcla_mm.engine import publish_checkpoint
+    from kcla_mm.model_zoo import publish_checkpoint
     published = publish_checkpoint(str(initial),
                                    str(tmp_path / 'unet_kcla'))['path']
-    assert re.fullmatch(r'unet_kcla-[0-9a-f]{8}\.pth', osp.basename(
-        published))
+    assert re.fullmatch(r'unet_kcla-[0-9a-f]{8}\.pth', osp.basename(published))
     out_dir = tmp_path / 'seg'
-    log = run(repo_root, sys.executable, '-c', SEG_PREDICT, SEG_CONFIG,
-              published, release['image'], str(out_dir),
-              env=clean_env()).stdout
+    log = run(
+        repo_root,
+        sys.executable,
+        '-c',
+        SEG_PREDICT,
+        SEG_CONFIG,
+        published,
+        release['image'],
+        str(out_dir),
+        env=clean_env()).stdout
     # One class index per pixel of the 96x96 input.
     match = re.search(r'mask \((\d+), (\d+)\) \[([\d, ]+)\]', log)
     assert match and match.group(1, 2) == ('96', '96'), log
@@ -445,23 +520,24 @@ def test_segmentation_release_and_inference(release, tmp_path, repo_root):
 
 def repository_configs(repo_root):
     """Every runnable config of the repository (not the _base_ parts)."""
-    found = glob.glob(osp.join(repo_root, 'configs', '**', '*.py'),
-                      recursive=True)
+    found = glob.glob(
+        osp.join(repo_root, 'configs', '**', '*.py'), recursive=True)
     return sorted(
         osp.relpath(path, repo_root) for path in found
         if '_base_' not in osp.relpath(path, repo_root).split(os.sep))
 
 
-def test_model_index_lists_every_config_and_only_measured_figures(
-        repo_root):
-    from kcla_mm.apis import index_dir, load_model_index
+def test_model_index_lists_every_config_and_only_measured_figures(repo_root):
+    from kcla_mm.model_zoo import index_dir, load_model_index
+
     # Found through the installed package's .mim (created by setup.py).
-    assert osp.realpath(index_dir()) in (
-        osp.realpath(osp.join(repo_root, 'kcla_mm', '.mim')),
-        osp.realpath(repo_root))
+    assert osp.realpath(index_dir()) in (osp.realpath(
+        osp.join(repo_root, 'kcla_mm', '.mim')), osp.realpath(repo_root))
     models = {m.name: m for m in load_model_index().values()}
-    configs = {osp.relpath(osp.realpath(m.config), osp.realpath(repo_root))
-               for m in models.values()}
+    configs = {
+        osp.relpath(osp.realpath(m.config), osp.realpath(repo_root))
+        for m in models.values()
+    }
     assert configs == set(repository_configs(repo_root)), (
         'add the missing configs to a metafile.yml imported by '
         'model-index.yml (and their README rows)')
@@ -475,8 +551,10 @@ def test_model_index_lists_every_config_and_only_measured_figures(
     # The only measured result: `make demo` on the synthetic shapes set.
     assert with_results == ['faster-rcnn_kcla-r18_fpn_synthetic-coco']
     assert metafile['Collections'][0]['Paper'] == {
-        'URL': 'https://arxiv.org/abs/2606.28405',
-        'Title': 'Enhancing Layer Interaction Using Key-Correlated Layer '
+        'URL':
+        'https://arxiv.org/abs/2606.28405',
+        'Title':
+        'Enhancing Layer Interaction Using Key-Correlated Layer '
         'Attention'
     }
 
@@ -485,7 +563,7 @@ def test_metafile_parameter_counts_are_the_models(repo_root):
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
 
-    from kcla_mm.apis import load_model_index
+    from kcla_mm.model_zoo import load_model_index
     metafile = yaml.safe_load(
         open(osp.join(repo_root, 'configs', 'kcla', 'metafile.yml')))
     configs = {m.name: m.config for m in load_model_index().values()}
@@ -499,9 +577,8 @@ def test_metafile_parameter_counts_are_the_models(repo_root):
 
 def test_mim_search_lists_kcla_mm_models(repo_root):
     # The real package, as installed in this environment (editable).
-    search = run(repo_root, MIM, 'search', 'kcla_mm',
-                 env=clean_env()).stdout
-    from kcla_mm.apis import load_model_index
+    search = run(repo_root, MIM, 'search', 'kcla_mm', env=clean_env()).stdout
+    from kcla_mm.model_zoo import load_model_index
     names = {m.name for m in load_model_index().values()}
     listed = set(re.findall(r'config id: (\S+)', search))
     assert listed == names
@@ -512,19 +589,19 @@ def test_get_flops_counts_the_kcla_layers(repo_root):
               'configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py',
               '--backbone-only', '--shape', '224', '224').stdout
     assert 'Params: 23.801M (23,801,133)' in log
-    by_op = dict(
-        (op, int(n.replace(',', ''))) for op, n in re.findall(
-            r'(\w+) ([\d,]+)', log.split('Flops by operator:')[1]
-            .splitlines()[0]))
-    # The KCLA state update U <- U + w X (addcmul_ in inference) is counted
-    # as one multiply-add per state element, in every block with a state:
-    # stage 1 from its second block on (block 0 starts the state), stages
-    # 2-4 in all blocks (the first one adapts the previous stage's state).
-    widths, sizes, blocks = (256, 512, 1024, 2048), (56, 28, 14, 7), (3, 4,
-                                                                     6, 3)
-    updates = sum(c * s * s * (n - (i == 0)) for i, (c, s, n) in enumerate(
-        zip(widths, sizes, blocks)))
-    assert by_op['addcmul_'] == updates
+    by_op = dict((op, int(n.replace(',', ''))) for op, n in re.findall(
+        r'(\w+) ([\d,]+)',
+        log.split('Flops by operator:')[1].splitlines()[0]))
+    # The KCLA state update U <- U + w X (baddbmm; addcmul_ with
+    # kcla_inplace) is counted as one multiply-add per state element, in
+    # every block with a state: stage 1 from its second block on (block 0
+    # starts the state), stages 2-4 in all blocks (the first one adapts the
+    # previous stage's state).
+    widths, sizes, blocks = (256, 512, 1024, 2048), (56, 28, 14, 7), (3, 4, 6,
+                                                                      3)
+    updates = sum(c * s * s * (n - (i == 0))
+                  for i, (c, s, n) in enumerate(zip(widths, sizes, blocks)))
+    assert by_op.get('baddbmm', 0) + by_op.get('addcmul_', 0) == updates
     assert by_op['bmm'] > 0
     # The official model measures 4.162 GMACs at 224x224 with its 1000-class
     # fc (2,048,000 MACs) and without BN: our conv MACs plus the fc agree.
@@ -533,6 +610,6 @@ def test_get_flops_counts_the_kcla_layers(repo_root):
     log = run(repo_root, sys.executable, 'tools/analysis/get_flops.py',
               SEG_CONFIG, '--shape', '128', '128').stdout
     assert 'Input shape: (1, 3, 128, 128)' in log
-    params = int(re.search(r'Params: \S+ \(([\d,]+)\)', log).group(1)
-                 .replace(',', ''))
+    params = int(
+        re.search(r'Params: \S+ \(([\d,]+)\)', log).group(1).replace(',', ''))
     assert params > 0 and re.search(r'Flops: \S+ \([\d,]+;', log)

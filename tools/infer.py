@@ -19,13 +19,10 @@ tools/train.py; both load with weights_only=True.
 import argparse
 import os
 import os.path as osp
-import sys
 
 from mmengine.config import DictAction
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
-
-from kcla_mm.apis import KCLADetInferencer, init_inferencer  # noqa: E402
+from kcla_mm.apis import KCLADetInferencer, init_inferencer
 
 
 def parse_args(argv=None):
@@ -33,20 +30,29 @@ def parse_args(argv=None):
     parser.add_argument('inputs', help='image file or folder of images')
     parser.add_argument('model', help='config file or kcla_mm model name')
     parser.add_argument(
-        '--weights', default=None,
+        '--weights',
+        default=None,
         help="checkpoint file or URL (default: the model index's Weights "
         'of a model name)')
-    parser.add_argument('--out-dir', default='outputs',
-                        help='output folder (vis/ and preds/ or pred/)')
+    parser.add_argument(
+        '--out-dir',
+        default='outputs',
+        help='output folder (vis/ and preds/ or pred/)')
     parser.add_argument('--device', default='cpu')
     parser.add_argument(
-        '--pred-score-thr', '--score-thr', type=float, default=0.3,
+        '--pred-score-thr',
+        '--score-thr',
+        type=float,
+        default=0.3,
         help='detection: draw boxes scoring at least this')
     parser.add_argument(
-        '--package', default='kcla_mm',
+        '--package',
+        default='kcla_mm',
         help='package whose model index resolves MODEL names')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
         help='override config settings, KEY=VALUE')
     return parser.parse_args(argv)
 
@@ -56,15 +62,20 @@ def main(argv=None):
     if not osp.exists(args.inputs):
         raise FileNotFoundError(f'inputs {args.inputs}: no such file or '
                                 'folder')
-    if args.weights is not None and not (
-            osp.isfile(args.weights) or '://' in args.weights):
+    if args.weights is not None and not (osp.isfile(args.weights)
+                                         or '://' in args.weights):
         raise FileNotFoundError(f'--weights {args.weights}: no such file')
     inferencer = init_inferencer(
-        args.model, weights=args.weights, device=args.device,
-        package=args.package, cfg_options=args.cfg_options)
+        args.model,
+        weights=args.weights,
+        device=args.device,
+        package=args.package,
+        cfg_options=args.cfg_options)
     if isinstance(inferencer, KCLADetInferencer):
         results = inferencer(
-            args.inputs, out_dir=args.out_dir, no_save_pred=False,
+            args.inputs,
+            out_dir=args.out_dir,
+            no_save_pred=False,
             pred_score_thr=args.pred_score_thr)
         kept = sum(
             sum(score >= args.pred_score_thr for score in pred['scores'])

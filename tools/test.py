@@ -8,20 +8,17 @@ CHECKPOINT may be a training checkpoint of tools/train.py: it is loaded
 with weights_only=True, with mmengine's logging types allow-listed.
 """
 import argparse
+import os
 import os.path as osp
-import sys
 
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
-
-import kcla_mm  # noqa: E402,F401  registers KCLA modules in mmdet and mmseg
-from kcla_mm.engine import (add_runner_arguments,  # noqa: E402
-                            close_distributed,
-                            export_local_rank,
-                            init_distributed_on_cpu, load_config)
+import kcla_mm  # noqa: F401  registers KCLA modules in mmdet and mmseg
+from kcla_mm.utils.config import load_config
+from kcla_mm.utils.distributed import (close_distributed,
+                                       init_distributed_on_cpu)
 
 
 def parse_args(argv=None):
@@ -30,14 +27,28 @@ def parse_args(argv=None):
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='the dir to save the metrics')
     parser.add_argument(
-        '--out', help='dump the raw predictions to this pickle file '
+        '--out',
+        help='dump the raw predictions to this pickle file '
         '(detection configs)')
     parser.add_argument(
-        '--show-dir', help='save images with predictions drawn to this '
+        '--show-dir',
+        help='save images with predictions drawn to this '
         'directory (relative to the work dir\'s timestamped folder)')
-    add_runner_arguments(parser)
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config settings, KEY=VALUE; data_root=PATH re-points '
+        'every dataset')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
+    # torch.distributed.launch passes --local-rank (torchrun sets LOCAL_RANK)
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
-    export_local_rank(args)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
 
 
@@ -68,14 +79,16 @@ def main(argv=None):
             raise ValueError('--out is for detection configs')
         if not args.out.endswith(('.pkl', '.pickle')):
             raise ValueError(f'--out {args.out}: must end in .pkl')
-        cfg.test_evaluator = [cfg.test_evaluator] if not isinstance(
-            cfg.test_evaluator, list) else cfg.test_evaluator
+        cfg.test_evaluator = [
+            cfg.test_evaluator
+        ] if not isinstance(cfg.test_evaluator, list) else cfg.test_evaluator
         cfg.test_evaluator.append(
             dict(type='DumpDetResults', out_file_path=args.out))
     init_distributed_on_cpu(cfg)
     try:
-        runner = (Runner.from_cfg(cfg)
-                  if 'runner_type' not in cfg else RUNNERS.build(cfg))
+        runner = (
+            Runner.from_cfg(cfg)
+            if 'runner_type' not in cfg else RUNNERS.build(cfg))
         runner.test()
     finally:
         close_distributed()

@@ -8,22 +8,20 @@ The config's ``default_scope`` (mmdet or mmseg) decides the registries.
 ``--cfg-options data_root=PATH`` re-points every dataset and evaluator.
 """
 import argparse
+import os
 import os.path as osp
 import sys
 
 import torch
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
-
-import kcla_mm  # noqa: E402,F401  registers KCLA modules in mmdet and mmseg
-from kcla_mm.engine import (add_runner_arguments,  # noqa: E402
-                            close_distributed,
-                            export_local_rank,
-                            check_pretrained_files, init_distributed_on_cpu,
-                            load_config)
+import kcla_mm  # noqa: F401  registers KCLA modules in mmdet and mmseg
+from kcla_mm.utils.config import (PretrainedFileNotFoundError,
+                                  check_pretrained_files, load_config)
+from kcla_mm.utils.distributed import (close_distributed,
+                                       init_distributed_on_cpu)
 
 
 def parse_args(argv=None):
@@ -33,15 +31,31 @@ def parse_args(argv=None):
     parser.add_argument(
         '--amp', action='store_true', help='automatic mixed precision')
     parser.add_argument(
-        '--auto-scale-lr', action='store_true',
+        '--auto-scale-lr',
+        action='store_true',
         help='scale the learning rate with the total batch size')
     parser.add_argument(
-        '--resume', nargs='?', type=str, const='auto',
+        '--resume',
+        nargs='?',
+        type=str,
+        const='auto',
         help='resume from PATH, or from the latest checkpoint in the work '
         'dir when no PATH is given')
-    add_runner_arguments(parser)
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config settings, KEY=VALUE; data_root=PATH re-points '
+        'every dataset')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
+    # torch.distributed.launch passes --local-rank (torchrun sets LOCAL_RANK)
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
-    export_local_rank(args)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
 
 
@@ -77,12 +91,19 @@ def main(argv=None):
         # Before the runner builds datasets: a missing backbone checkpoint
         # should not surface only after minutes of annotation loading.
         check_pretrained_files(cfg)
+    except PretrainedFileNotFoundError as exc:
+        # The library names the config key; here is how to set it.
+        sys.exit(f'error: {exc}. The official KCLA ImageNet checkpoint '
+                 'converts with tools/model_converters/kcla_official2mm.py; '
+                 f'here: --cfg-options {exc.key}.checkpoint=PATH or '
+                 f'{exc.key}=None')
     except (FileNotFoundError, ValueError) as exc:
         sys.exit(f'error: {exc}')
     init_distributed_on_cpu(cfg)
     try:
-        runner = (Runner.from_cfg(cfg)
-                  if 'runner_type' not in cfg else RUNNERS.build(cfg))
+        runner = (
+            Runner.from_cfg(cfg)
+            if 'runner_type' not in cfg else RUNNERS.build(cfg))
         runner.train()
     finally:
         close_distributed()

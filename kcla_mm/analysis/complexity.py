@@ -135,3 +135,23 @@ def train_step_peak_bytes(model: nn.Module, inputs: Tensor) -> int:
     model.zero_grad(set_to_none=True)
     peaks = tracker.get_tracker_snapshot('peak')
     return int(peaks[inputs.device]['Total'])
+
+
+def saved_activation_bytes(model: nn.Module, inputs: Tensor) -> int:
+    """Bytes that autograd keeps for the backward pass of one train step
+    (each storage counted once): the activation memory of training.
+
+    Runs one forward and backward in the model's current mode; the
+    gradients it leaves are the caller's to clear.
+    """
+    storages: Dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outs = model(inputs)
+    sum(o.float().mean() for o in outs).backward()
+    return sum(storages.values())

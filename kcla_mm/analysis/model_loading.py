@@ -2,7 +2,7 @@
 """Backbone, weights and image for the analysis tools."""
 import copy
 import os.path as osp
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -103,28 +103,32 @@ def describe_weights(checkpoint: Optional[str]) -> str:
     return 'random init' if checkpoint is None else osp.basename(checkpoint)
 
 
-def parse_checkpoint_arg(value: str, random_init: bool) -> Optional[str]:
-    """CHECKPOINT may be ``none`` (or --random-init given): random init."""
-    if random_init or value.lower() in ('none', 'random'):
-        return None
-    return value
+def config_and_backbone(
+        config: str,
+        expected_type: str,
+        cfg_options: Optional[dict] = None) -> Tuple[Config, ConfigDict]:
+    """The config and its backbone dict, checked to be of
+    ``expected_type``: what the plotting tools start from.
 
-
-def config_and_backbone(args, expected_type: str):
-    """What both plotting tools start from: the config (with
-    ``--cfg-options``), the checkpoint argument and the backbone dict,
-    checked to be of ``expected_type``.
+    Args:
+        config (str): The config file.
+        expected_type (str): The backbone ``type`` the caller analyses,
+            e.g. ``'KCLAResNet'``.
+        cfg_options (dict, optional): Overrides merged into the config.
 
     Returns:
-        tuple: ``(cfg, checkpoint or None for random init, backbone_cfg)``.
+        tuple[Config, ConfigDict]: The config and a copy of its backbone
+        dict (:func:`backbone_config`).
+
+    Raises:
+        ValueError: The backbone is of another type.
     """
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    checkpoint = parse_checkpoint_arg(args.checkpoint, args.random_init)
+    cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
     backbone_cfg = backbone_config(cfg)
     if backbone_cfg.get('type') != expected_type:
-        raise ValueError(f'{args.config}: backbone type='
+        raise ValueError(f'{config}: backbone type='
                          f'{backbone_cfg.get("type")!r}, expected '
                          f'{expected_type}')
-    return cfg, checkpoint, backbone_cfg
+    return cfg, backbone_cfg

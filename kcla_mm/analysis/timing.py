@@ -36,10 +36,12 @@ def train_step(inputs: Tensor) -> Step:
     return step
 
 
-def alternating_times(models: Dict[str, nn.Module], steps: Dict[str, Step],
-                      warmup: int, repeats: int,
-                      device: str = 'cpu') -> Dict[Tuple[str, str],
-                                                   List[float]]:
+def alternating_times(
+        models: Dict[str, nn.Module],
+        steps: Dict[str, Step],
+        warmup: int,
+        repeats: int,
+        device: str = 'cpu') -> Dict[Tuple[str, str], List[float]]:
     """Seconds of each (model name, step name) over ``repeats`` rounds after
     ``warmup`` rounds; a round runs every step of every model once."""
     cuda = device.startswith('cuda')

@@ -6,9 +6,9 @@ mmengine's ``BaseInferencer`` resolves a model *name* only in the model
 index of its scope package (``mmdet`` for ``DetInferencer``), and the scope
 must stay mmdet/mmseg for the registries. These subclasses change just that
 lookup: a name is searched in kcla_mm's index first (see
-:mod:`.model_index`), then in the scope package's, so mmdet's and mmseg's own
-model names keep working. A config path or a Config object goes through
-unchanged, exactly as with the parent classes.
+:mod:`kcla_mm.model_zoo.model_index`), then in the scope package's, so
+mmdet's and mmseg's own model names keep working. A config path or a Config
+object goes through unchanged, exactly as with the parent classes.
 """
 import os.path as osp
 import warnings
@@ -18,7 +18,7 @@ from mmdet.apis import DetInferencer
 from mmengine.config import Config
 from mmseg.apis import MMSegInferencer
 
-from .model_index import find_model, get_model_info
+from ..model_zoo.model_index import find_model, get_model_info
 
 
 def _from_index(model: str, package: str,
@@ -47,8 +47,11 @@ class KCLADetInferencer(DetInferencer):
             ``scope``, ``palette``, ``show_progress``).
     """
 
-    def __init__(self, model=None, weights: Optional[str] = None,
-                 package: str = 'kcla_mm', **kwargs) -> None:
+    def __init__(self,
+                 model=None,
+                 weights: Optional[str] = None,
+                 package: str = 'kcla_mm',
+                 **kwargs) -> None:
         self.index_package = package
         super().__init__(model=model, weights=weights, **kwargs)
 
@@ -62,8 +65,11 @@ class KCLASegInferencer(MMSegInferencer):
     names; arguments as :class:`KCLADetInferencer` (plus mmseg's
     ``classes``, ``palette``, ``dataset_name``)."""
 
-    def __init__(self, model, weights: Optional[str] = None,
-                 package: str = 'kcla_mm', **kwargs) -> None:
+    def __init__(self,
+                 model,
+                 weights: Optional[str] = None,
+                 package: str = 'kcla_mm',
+                 **kwargs) -> None:
         self.index_package = package
         super().__init__(model=model, weights=weights, **kwargs)
 
@@ -72,7 +78,8 @@ class KCLASegInferencer(MMSegInferencer):
                            super()._load_model_from_metafile)
 
 
-def resolve_model(model: str, weights: Optional[str] = None,
+def resolve_model(model: str,
+                  weights: Optional[str] = None,
                   package: str = 'kcla_mm') -> Tuple[str, Optional[str]]:
     """(config file, weights) for a config path or a model name.
 
@@ -109,7 +116,7 @@ def init_inferencer(model: Union[str, Config],
         device (str, optional): e.g. ``'cpu'``. Defaults to the available
             device.
         package (str): Model index to resolve names in.
-        cfg_options (dict, optional): Config overrides (``--cfg-options``).
+        cfg_options (dict, optional): Overrides merged into the config.
         **kwargs: Passed to the inferencer.
 
     Returns:
@@ -130,5 +137,5 @@ def init_inferencer(model: Union[str, Config],
     else:
         raise ValueError(f"{source}: default_scope is {scope!r}; expected "
                          "'mmdet' or 'mmseg'")
-    return cls(model=cfg, weights=weights, device=device, package=package,
-               **kwargs)
+    return cls(
+        model=cfg, weights=weights, device=device, package=package, **kwargs)

@@ -1,9 +1,12 @@
 """Build a backbone from a config and print its output shapes and size.
 
-    python tools/analysis/backbone_summary.py configs/_base_/models/kcla-r50.py
+    python tools/analysis/backbone_summary.py \
+        configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py \
+        --cfg-options model.backbone.init_cfg=None
 
-The config's ``backbone`` dict (or ``model.backbone``) is built through the
-mmdet registry, exactly as a detector config would build it.
+The config's ``model.backbone`` dict (or top-level ``backbone``) is built
+through the mmdet (or, with ``--scope mmseg``, mmseg) registry, exactly as
+a detector config would build it.
 """
 import argparse
 import logging
@@ -11,16 +14,20 @@ import logging
 import torch
 from mmengine.config import Config, DictAction
 from mmengine.logging import MMLogger
-from mmengine.registry import init_default_scope
+
+from kcla_mm.analysis.model_loading import backbone_config, build_backbone
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('config')
-    parser.add_argument('--shape', type=int, nargs=4,
-                        default=[1, 3, 224, 224], metavar=('N', 'C', 'H', 'W'))
-    parser.add_argument('--scope', default='mmdet',
-                        choices=['mmdet', 'mmseg'])
+    parser.add_argument(
+        '--shape',
+        type=int,
+        nargs=4,
+        default=[1, 3, 224, 224],
+        metavar=('N', 'C', 'H', 'W'))
+    parser.add_argument('--scope', default='mmdet', choices=['mmdet', 'mmseg'])
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     return parser.parse_args()
 
@@ -30,18 +37,11 @@ def main():
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
-    if 'backbone' in cfg:
-        backbone_cfg = cfg.backbone
-    elif 'model' in cfg and 'backbone' in cfg.model:
-        backbone_cfg = cfg.model.backbone
-    else:
-        raise SystemExit(f'{args.config}: no `backbone` or `model.backbone`')
-    init_default_scope(args.scope)
-    if args.scope == 'mmdet':
-        from mmdet.registry import MODELS
-    else:
-        from mmseg.registry import MODELS
-    model = MODELS.build(backbone_cfg)
+    try:
+        backbone_cfg = backbone_config(cfg)
+    except ValueError as exc:
+        raise SystemExit(str(exc))
+    model = build_backbone(backbone_cfg, args.scope)
     # init_weights() logs one INFO record per parameter.
     logger = MMLogger.get_current_instance()
     logger.setLevel(logging.WARNING)
@@ -51,8 +51,7 @@ def main():
         outs = model(torch.rand(*args.shape))
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    kcla = sum(p.numel() for n, p in model.named_parameters()
-               if '.kcla.' in n)
+    kcla = sum(p.numel() for n, p in model.named_parameters() if '.kcla.' in n)
     print(f'{type(model).__name__}-{backbone_cfg.get("depth")} from '
           f'{args.config}')
     print(f'input {tuple(args.shape)}')

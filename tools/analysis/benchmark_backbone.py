@@ -2,7 +2,8 @@
 
 Both models are measured in one run, alternating iteration by iteration so
 that machine noise hits both alike; the script prints medians and their
-ratios. It asserts nothing: speed is a measurement, not a test.
+ratios. It asserts nothing: speed is a measurement, not a test. The models and
+the measurements are :mod:`kcla_mm.analysis.benchmark`'s.
 
     python tools/analysis/benchmark_backbone.py --depth 50 --threads 1
 
@@ -18,74 +19,50 @@ tcmalloc remove in Intel's CPU tuning guides; it helps both models.
 import argparse
 import logging
 import os
-import sys
 import statistics
-from typing import Dict
+import sys
 
 import torch
 from mmengine.logging import MMLogger
-from mmdet.models.backbones import ResNet
 
-from kcla_mm.analysis.timing import (alternating_times, eval_step,
-                                    train_step)
-from kcla_mm.models import KCLAResNet
+from kcla_mm.analysis.benchmark import (build_models, time_modes,
+                                        train_step_memory)
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--depth', type=int, default=50)
-    parser.add_argument('--threads', type=int, default=1,
-                        help='torch intra-op threads (default 1)')
+    parser.add_argument(
+        '--threads',
+        type=int,
+        default=1,
+        help='torch intra-op threads (default 1)')
     parser.add_argument('--eval-batch', type=int, default=1)
     parser.add_argument('--train-batch', type=int, default=8)
     parser.add_argument('--size', type=int, default=224)
-    parser.add_argument('--repeats', type=int, default=15,
-                        help='timed iterations per model and mode')
+    parser.add_argument(
+        '--repeats',
+        type=int,
+        default=15,
+        help='timed iterations per model and mode')
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--device', default='cpu')
     parser.add_argument(
-        '--keep-freed-memory', action='store_true',
+        '--keep-freed-memory',
+        action='store_true',
         help='re-run with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ '
         'raised (see the module docstring)')
     parser.add_argument(
-        '--channels-last', action='store_true',
+        '--channels-last',
+        action='store_true',
         help='run both models and inputs in channels_last (NHWC), where '
         "oneDNN's depthwise conv needs no layout reorders")
-    parser.add_argument('--modes', nargs='+', default=['eval', 'train'],
-                        choices=['eval', 'train'])
+    parser.add_argument(
+        '--modes',
+        nargs='+',
+        default=['eval', 'train'],
+        choices=['eval', 'train'])
     return parser.parse_args()
-
-
-def build_models(depth: int, device: str,
-                 memory_format: torch.memory_format
-                 ) -> Dict[str, torch.nn.Module]:
-    torch.manual_seed(0)
-    # init_weights() logs one INFO record per parameter.
-    MMLogger.get_current_instance().setLevel(logging.WARNING)
-    # norm_eval=False: a train step should update BN statistics as in
-    # ImageNet training; the same settings for both models.
-    common = dict(depth=depth, norm_eval=False, frozen_stages=-1)
-    models = {'resnet': ResNet(**common), 'kcla': KCLAResNet(**common)}
-    for model in models.values():
-        model.init_weights()
-        model.to(device, memory_format=memory_format)
-    return models
-
-
-def saved_activation_bytes(model, x) -> int:
-    """Bytes that autograd keeps for the backward pass of one train step
-    (each storage counted once): the activation memory of training."""
-    storages = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        outs = model(x)
-    sum(o.float().mean() for o in outs).backward()
-    return sum(storages.values())
 
 
 # Values glibc reads only at process start, hence the re-run. 32 MiB is the
@@ -102,36 +79,31 @@ def main():
     args = parse_args()
     if args.keep_freed_memory and any(
             os.environ.get(k) != v for k, v in KEEP_FREED_MEMORY_ENV.items()):
-        os.execve(sys.executable, [sys.executable] + sys.argv,
-                  {**os.environ, **KEEP_FREED_MEMORY_ENV})
+        os.execve(sys.executable, [sys.executable] + sys.argv, {
+            **os.environ,
+            **KEEP_FREED_MEMORY_ENV
+        })
     torch.set_num_threads(args.threads)
-    memory_format = (torch.channels_last
-                     if args.channels_last else torch.contiguous_format)
+    # init_weights() logs one INFO record per parameter.
+    MMLogger.get_current_instance().setLevel(logging.WARNING)
+    memory_format = (
+        torch.channels_last if args.channels_last else torch.contiguous_format)
     models = build_models(args.depth, args.device, memory_format)
-    x_eval = torch.randn(args.eval_batch, 3, args.size, args.size,
-                         device=args.device).contiguous(
-                             memory_format=memory_format)
-    x_train = torch.randn(args.train_batch, 3, args.size, args.size,
-                          device=args.device).contiguous(
-                              memory_format=memory_format)
-
-    steps = {'eval': eval_step(x_eval), 'train': train_step(x_train)}
-    results = {}
-    # One mode at a time, so that eval rounds do not run between train steps.
-    for mode in ('eval', 'train'):
-        if mode in args.modes:
-            results.update(alternating_times(
-                models, {mode: steps[mode]}, args.warmup, args.repeats,
-                args.device))
+    x_eval = torch.randn(
+        args.eval_batch, 3, args.size, args.size,
+        device=args.device).contiguous(memory_format=memory_format)
+    x_train = torch.randn(
+        args.train_batch, 3, args.size, args.size,
+        device=args.device).contiguous(memory_format=memory_format)
+    results = time_modes(models, x_eval, x_train, args.modes, args.warmup,
+                         args.repeats, args.device)
 
     print(f'KCLAResNet-{args.depth} vs ResNet-{args.depth} on {args.device}, '
-          f'{args.threads} thread(s), torch {torch.__version__}, '
-          + ('channels_last, ' if args.channels_last else 'NCHW, ') +
-          'malloc '
-          + ('keeping freed memory' if args.keep_freed_memory else
-             'defaults'))
-    for mode, batch in (('eval', args.eval_batch),
-                        ('train', args.train_batch)):
+          f'{args.threads} thread(s), torch {torch.__version__}, ' +
+          ('channels_last, ' if args.channels_last else 'NCHW, ') + 'malloc ' +
+          ('keeping freed memory' if args.keep_freed_memory else 'defaults'))
+    for mode, batch in (('eval', args.eval_batch), ('train',
+                                                    args.train_batch)):
         if mode not in args.modes:
             continue
         base = statistics.median(results[('resnet', mode)])
@@ -143,14 +115,7 @@ def main():
 
     if 'train' not in args.modes:
         return
-    memory = {}
-    for name, model in models.items():
-        model.train()
-        if args.device.startswith('cuda'):
-            torch.cuda.reset_peak_memory_stats()
-        memory[name] = saved_activation_bytes(model, x_train)
-        if args.device.startswith('cuda'):
-            memory[name + '_peak'] = torch.cuda.max_memory_allocated()
+    memory = train_step_memory(models, x_train, args.device)
     print(f'activation memory of a train step: ResNet '
           f'{memory["resnet"] / 2**20:.1f} MiB  KCLA '
           f'{memory["kcla"] / 2**20:.1f} MiB  ratio '

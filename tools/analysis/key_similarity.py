@@ -16,18 +16,17 @@ import argparse
 import logging
 import os
 import os.path as osp
-import sys
+from typing import Optional
 
 import torch
 from mmengine.config import DictAction
 from mmengine.logging import MMLogger
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-
-from kcla_mm.analysis.key_similarity import (  # noqa: E402
-    la_key_similarity, mean_off_diagonal)
-from kcla_mm.analysis.model_loading import (  # noqa: E402
-    config_and_backbone, describe_weights, load_backbone, read_image)
+from kcla_mm.analysis.key_similarity import (la_key_similarity,
+                                             mean_off_diagonal)
+from kcla_mm.analysis.model_loading import (config_and_backbone,
+                                            describe_weights, load_backbone,
+                                            read_image)
 
 
 def parse_args(argv=None):
@@ -35,43 +34,57 @@ def parse_args(argv=None):
     parser.add_argument('config')
     parser.add_argument('checkpoint', help="checkpoint file, or 'none'")
     parser.add_argument('image')
-    parser.add_argument('--random-init', action='store_true',
-                        help='ignore CHECKPOINT: randomly initialised model')
+    parser.add_argument(
+        '--random-init',
+        action='store_true',
+        help='ignore CHECKPOINT: randomly initialised model')
     parser.add_argument('--out', default='key_similarity.png')
     parser.add_argument('--size', type=int, default=224)
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     return parser.parse_args(argv)
 
 
+def checkpoint_arg(args: argparse.Namespace) -> Optional[str]:
+    """The CHECKPOINT argument; None for a random init (``none``,
+    ``random`` or ``--random-init``)."""
+    if args.random_init or args.checkpoint.lower() in ('none', 'random'):
+        return None
+    return args.checkpoint
+
+
 def main(argv=None):
     args = parse_args(argv)
     MMLogger.get_current_instance().setLevel(logging.WARNING)
     torch.manual_seed(0)
-    cfg, checkpoint, la_cfg = config_and_backbone(args, 'LAResNet')
+    cfg, la_cfg = config_and_backbone(args.config, 'LAResNet',
+                                      args.cfg_options)
+    checkpoint = checkpoint_arg(args)
     model = load_backbone(cfg, checkpoint, la_cfg)
-    matrices = la_key_similarity(model, read_image(args.image, args.size,
-                                                   cfg))
+    matrices = la_key_similarity(model, read_image(args.image, args.size, cfg))
 
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     weights = describe_weights(checkpoint)
-    fig, axes = plt.subplots(1, len(matrices),
-                             figsize=(3.6 * len(matrices) + 1, 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(matrices), figsize=(3.6 * len(matrices) + 1, 4), squeeze=False)
     for s, (ax, matrix) in enumerate(zip(axes[0], matrices)):
         image = ax.imshow(matrix.numpy(), vmin=-1, vmax=1, cmap='RdBu_r')
-        ax.set_title(f'keys at the end of stage {s + 1}\nmean off-diagonal '
-                     f'{mean_off_diagonal(matrix):.3f}', fontsize=9)
+        ax.set_title(
+            f'keys at the end of stage {s + 1}\nmean off-diagonal '
+            f'{mean_off_diagonal(matrix):.3f}',
+            fontsize=9)
         ax.set_xlabel('block')
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel('block')
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
-    fig.suptitle(f'LA key cosine similarity (per head, mean over heads), '
-                 f'ResNet-{la_cfg.get("depth")}, {osp.basename(args.image)} '
-                 f'at {args.size}x{args.size}, {weights}', fontsize=10)
+    fig.suptitle(
+        f'LA key cosine similarity (per head, mean over heads), '
+        f'ResNet-{la_cfg.get("depth")}, {osp.basename(args.image)} '
+        f'at {args.size}x{args.size}, {weights}',
+        fontsize=10)
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     fig.savefig(args.out, dpi=80, bbox_inches='tight')
     plt.close(fig)

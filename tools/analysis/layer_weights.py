@@ -4,8 +4,8 @@
         [--out layer_weights.png] [--size 224] [--heads 2]
         [--mrlal-checkpoint PATH]
 
-CONFIG has a KCLA backbone (a detection or UNet config, or a backbone
-dict such as configs/_base_/models/kcla-r50.py). CHECKPOINT is a training
+CONFIG has a KCLA backbone (a detection or UNet config, or a config with
+a top-level ``backbone`` dict). CHECKPOINT is a training
 checkpoint of that model or a backbone state dict; ``none`` (or
 ``--random-init``) runs a randomly initialised model, and the plot title
 says so. For every block t the heat map shows the normalised weight
@@ -20,19 +20,18 @@ import argparse
 import logging
 import os
 import os.path as osp
-import sys
+from typing import Optional
 
 import numpy as np
 import torch
 from mmengine.config import DictAction
 from mmengine.logging import MMLogger
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-
-from kcla_mm.analysis.layer_contributions import (  # noqa: E402
-    kcla_normalised_weights, mrla_light_shares)
-from kcla_mm.analysis.model_loading import (  # noqa: E402
-    config_and_backbone, describe_weights, load_backbone, read_image)
+from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
+                                                  mrla_light_shares)
+from kcla_mm.analysis.model_loading import (config_and_backbone,
+                                            describe_weights, load_backbone,
+                                            read_image)
 
 # KCLA-only options that MRLA-light does not take.
 KCLA_ONLY = ('temperature_range', 'clamp', 'kcla_drop_path', 'renorm_blocks')
@@ -43,14 +42,21 @@ def parse_args(argv=None):
     parser.add_argument('config')
     parser.add_argument('checkpoint', help="checkpoint file, or 'none'")
     parser.add_argument('image')
-    parser.add_argument('--random-init', action='store_true',
-                        help='ignore CHECKPOINT: randomly initialised model')
-    parser.add_argument('--mrlal-checkpoint', default=None,
-                        help='MRLALightResNet weights of the same depth/width')
+    parser.add_argument(
+        '--random-init',
+        action='store_true',
+        help='ignore CHECKPOINT: randomly initialised model')
+    parser.add_argument(
+        '--mrlal-checkpoint',
+        default=None,
+        help='MRLALightResNet weights of the same depth/width')
     parser.add_argument('--out', default='layer_weights.png')
     parser.add_argument('--size', type=int, default=224)
-    parser.add_argument('--heads', type=int, default=2,
-                        help='single heads to plot besides the mean')
+    parser.add_argument(
+        '--heads',
+        type=int,
+        default=2,
+        help='single heads to plot besides the mean')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     return parser.parse_args(argv)
 
@@ -80,11 +86,21 @@ def summary(name, rows):
             f'1/sum(share^2) = {effective:.1f} of {len(last)}')
 
 
+def checkpoint_arg(args: argparse.Namespace) -> Optional[str]:
+    """The CHECKPOINT argument; None for a random init (``none``,
+    ``random`` or ``--random-init``)."""
+    if args.random_init or args.checkpoint.lower() in ('none', 'random'):
+        return None
+    return args.checkpoint
+
+
 def main(argv=None):
     args = parse_args(argv)
     MMLogger.get_current_instance().setLevel(logging.WARNING)
     torch.manual_seed(0)
-    cfg, checkpoint, kcla_cfg = config_and_backbone(args, 'KCLAResNet')
+    cfg, kcla_cfg = config_and_backbone(args.config, 'KCLAResNet',
+                                        args.cfg_options)
+    checkpoint = checkpoint_arg(args)
     kcla = load_backbone(cfg, checkpoint, kcla_cfg)
     mrlal_cfg = {k: v for k, v in kcla_cfg.items() if k not in KCLA_ONLY}
     mrlal_cfg['type'] = 'MRLALightResNet'
@@ -93,28 +109,31 @@ def main(argv=None):
 
     panels = [('KCLA  w_i / Z_t', kcla_normalised_weights(kcla, x),
                describe_weights(checkpoint)),
-              ('MRLA-L  share of block i in O^t', mrla_light_shares(mrlal, x),
-               describe_weights(args.mrlal_checkpoint))]
+              ('MRLA-light  share of block i in O^t',
+               mrla_light_shares(mrlal,
+                                 x), describe_weights(args.mrlal_checkpoint))]
 
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
     from matplotlib.colors import LogNorm
+    from matplotlib.ticker import MaxNLocator
     final_heads = min(rows[-1].shape[0] for _, rows, _ in panels)
-    heads = sorted(set(
-        np.linspace(0, final_heads - 1, args.heads).round().astype(int)
-    )) if args.heads > 0 else []
+    heads = sorted(
+        set(np.linspace(
+            0, final_heads -
+            1, args.heads).round().astype(int))) if args.heads > 0 else []
     columns = [None] + list(heads)
-    fig, axes = plt.subplots(2, len(columns),
-                             figsize=(3.6 * len(columns) + 1, 7.2),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        2, len(columns), figsize=(3.6 * len(columns) + 1, 7.2), squeeze=False)
     norm = LogNorm(vmin=1e-4, vmax=1)
     for r, (title, rows, weights) in enumerate(panels):
         for c, head in enumerate(columns):
             ax = axes[r, c]
-            image = ax.imshow(np.clip(as_matrix(rows, head), 1e-4, 1),
-                              norm=norm, cmap='viridis')
+            image = ax.imshow(
+                np.clip(as_matrix(rows, head), 1e-4, 1),
+                norm=norm,
+                cmap='viridis')
             label = 'mean over heads' if head is None else f'head {head}'
             ax.set_title(f'{title}\n{label} ({weights})', fontsize=9)
             ax.set_xlabel('earlier block i')
@@ -123,9 +142,11 @@ def main(argv=None):
             ax.set_ylabel('block t')
         fig.colorbar(image, ax=axes[r].tolist(), shrink=0.8)
     depth = kcla_cfg.get('depth')
-    fig.suptitle(f'Layer weights, ResNet-{depth}, {osp.basename(args.image)}'
-                 f' at {args.size}x{args.size}, KCLA: '
-                 f'{describe_weights(checkpoint)}', fontsize=11)
+    fig.suptitle(
+        f'Layer weights, ResNet-{depth}, {osp.basename(args.image)}'
+        f' at {args.size}x{args.size}, KCLA: '
+        f'{describe_weights(checkpoint)}',
+        fontsize=11)
     out_dir = osp.dirname(osp.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     fig.savefig(args.out, dpi=80)

@@ -22,12 +22,9 @@ import argparse
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-
-from kcla_mm.datasets.preparation import (  # noqa: E402
-    ISIC_LAYOUTS, PreparationError, pair_images_and_masks, random_split,
-    ratio_counts, write_splits)
-
+from kcla_mm.datasets.preparation import (ISIC_LAYOUTS, PreparationError,
+                                          pair_images_and_masks, random_split,
+                                          ratio_counts, write_splits)
 
 
 def parse_args(argv=None):
@@ -35,25 +32,35 @@ def parse_args(argv=None):
         description='Convert ISIC 2017/2018 Task 1 to the mmseg layout')
     parser.add_argument('raw', help='folder with the extracted archives')
     parser.add_argument('out', help='output data_root')
-    parser.add_argument('--year', type=int, choices=sorted(ISIC_LAYOUTS),
-                        required=True)
-    parser.add_argument('--val-ratio', type=float, default=0.1,
-                        help='2018 with only the training part: share of '
-                        'it used for val')
-    parser.add_argument('--test-ratio', type=float, default=0.2,
-                        help='2018 with only the training part: share of '
-                        'it used for test')
+    parser.add_argument(
+        '--year', type=int, choices=sorted(ISIC_LAYOUTS), required=True)
+    parser.add_argument(
+        '--val-ratio',
+        type=float,
+        default=0.1,
+        help='2018 with only the training part: share of '
+        'it used for val')
+    parser.add_argument(
+        '--test-ratio',
+        type=float,
+        default=0.2,
+        help='2018 with only the training part: share of '
+        'it used for test')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--size', type=int, nargs=2, metavar=('W', 'H'),
-                        help='resize images and masks (default: keep)')
+    parser.add_argument(
+        '--size',
+        type=int,
+        nargs=2,
+        metavar=('W', 'H'),
+        help='resize images and masks (default: keep)')
     return parser.parse_args(argv)
 
 
 def collect(raw: str, year: int, split: str):
-    image_dir, mask_dir = (
-        osp.join(raw, d) for d in ISIC_LAYOUTS[year][split])
+    image_dir, mask_dir = (osp.join(raw, d) for d in ISIC_LAYOUTS[year][split])
     return pair_images_and_masks(
-        image_dir, mask_dir,
+        image_dir,
+        mask_dir,
         mask_stem=lambda stem: f'{stem}_segmentation',
         image_exclude=('_superpixels', ))
 
@@ -81,9 +88,9 @@ def main(argv=None) -> int:
             missing = [layout[s][0] for s, ok in present.items() if not ok]
             raise PreparationError(
                 f'{args.raw}: missing {", ".join(missing)} (ISIC {args.year} '
-                'needs the training, validation and test parts'
-                + (', or the training part alone' if args.year == 2018 else '')
-                + ')')
+                'needs the training, validation and test parts' +
+                (', or the training part alone' if args.year == 2018 else '') +
+                ')')
         counts = write_splits(splits, args.out,
                               tuple(args.size) if args.size else None)
     except PreparationError as exc:

@@ -19,10 +19,9 @@ import argparse
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-
-from kcla_mm.datasets.preparation import (  # noqa: E402
-    PreparationError, pair_images_and_masks, random_split, write_splits)
+from kcla_mm.datasets.preparation import (PreparationError,
+                                          pair_images_and_masks, random_split,
+                                          write_splits)
 
 SPLIT_NAMES = ('train', 'val', 'test')
 
@@ -35,10 +34,17 @@ def parse_args(argv=None):
     parser.add_argument('--train', type=int, default=880)
     parser.add_argument('--val', type=int, default=120)
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--split-files', nargs='+', metavar='TXT',
-                        help='train.txt val.txt [test.txt], one id a line')
-    parser.add_argument('--size', type=int, nargs=2, metavar=('W', 'H'),
-                        help='resize images and masks (default: keep)')
+    parser.add_argument(
+        '--split-files',
+        nargs='+',
+        metavar='TXT',
+        help='train.txt val.txt [test.txt], one id a line')
+    parser.add_argument(
+        '--size',
+        type=int,
+        nargs=2,
+        metavar=('W', 'H'),
+        help='resize images and masks (default: keep)')
     return parser.parse_args(argv)
 
 
@@ -75,13 +81,15 @@ def main(argv=None) -> int:
     root = osp.join(args.raw, 'Kvasir-SEG')
     try:
         samples = pair_images_and_masks(
-            osp.join(root, 'images'), osp.join(root, 'masks'),
+            osp.join(root, 'images'),
+            osp.join(root, 'masks'),
             mask_stem=lambda stem: stem)
         if args.split_files:
             splits = splits_from_files(samples, args.split_files)
         else:
-            splits = random_split(
-                samples, dict(train=args.train, val=args.val), args.seed)
+            splits = random_split(samples,
+                                  dict(train=args.train,
+                                       val=args.val), args.seed)
         counts = write_splits(splits, args.out,
                               tuple(args.size) if args.size else None)
     except PreparationError as exc:

@@ -35,12 +35,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Write a synthetic COCO2017-layout dataset')
     parser.add_argument('out', help='output folder (the data_root)')
-    parser.add_argument('--train', type=int, default=200,
-                        help='number of training images')
-    parser.add_argument('--val', type=int, default=50,
-                        help='number of validation images')
-    parser.add_argument('--size', type=int, default=256,
-                        help='image side in pixels')
+    parser.add_argument(
+        '--train', type=int, default=200, help='number of training images')
+    parser.add_argument(
+        '--val', type=int, default=50, help='number of validation images')
+    parser.add_argument(
+        '--size', type=int, default=256, help='image side in pixels')
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args(argv)
     for field in ('train', 'val'):
@@ -57,10 +57,10 @@ def textured_background(rng: np.random.Generator, size: int) -> np.ndarray:
     base = rng.uniform(60, 190, size=3)
     tilt = rng.uniform(-50, 50, size=(2, 3))
     img = base + xx[..., None] * tilt[0] + yy[..., None] * tilt[1]
-    noise = rng.normal(0, 1, size=(size // 8, size // 8, 3)).astype(
-        np.float32)
-    img += cv2.resize(noise, (size, size),
-                      interpolation=cv2.INTER_CUBIC) * rng.uniform(5, 20)
+    noise = rng.normal(0, 1, size=(size // 8, size // 8, 3)).astype(np.float32)
+    img += cv2.resize(
+        noise,
+        (size, size), interpolation=cv2.INTER_CUBIC) * rng.uniform(5, 20)
     period = rng.uniform(6, 20)
     img += 8 * np.sin(2 * np.pi * (xx + yy) * size / period)[..., None]
     img += rng.normal(0, 4, size=img.shape)
@@ -93,8 +93,9 @@ def random_shape(rng: np.random.Generator, size: int, label: int):
 def mask_to_polygons(mask: np.ndarray):
     contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL,
                                    cv2.CHAIN_APPROX_SIMPLE)
-    return [c.reshape(-1).astype(float).tolist() for c in contours
-            if len(c) >= 3]
+    return [
+        c.reshape(-1).astype(float).tolist() for c in contours if len(c) >= 3
+    ]
 
 
 def draw_image(rng: np.random.Generator, size: int):
@@ -123,8 +124,12 @@ def draw_image(rng: np.random.Generator, size: int):
         x0, y0 = float(xs.min()), float(ys.min())
         w, h = float(xs.max() - x0 + 1), float(ys.max() - y0 + 1)
         instances.append(
-            dict(category_id=label + 1, bbox=[x0, y0, w, h],
-                 area=float(vis.sum()), segmentation=polygons, iscrowd=0))
+            dict(
+                category_id=label + 1,
+                bbox=[x0, y0, w, h],
+                area=float(vis.sum()),
+                segmentation=polygons,
+                iscrowd=0))
     return img, instances
 
 
@@ -139,9 +144,10 @@ def write_split(out: str, split: str, count: int, size: int,
         image_id = first_image_id + k
         file_name = f'{image_id:012d}.jpg'
         img, instances = draw_image(rng, size)
-        if not cv2.imwrite(osp.join(img_dir, file_name), img[..., ::-1],
+        path = osp.join(img_dir, file_name)
+        if not cv2.imwrite(path, img[..., ::-1],
                            [cv2.IMWRITE_JPEG_QUALITY, 95]):
-            raise OSError(f'could not write {osp.join(img_dir, file_name)}')
+            raise OSError(f'could not write {path}')
         images.append(
             dict(id=image_id, file_name=file_name, width=size, height=size))
         for inst in instances:

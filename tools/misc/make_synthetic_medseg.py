@@ -1,8 +1,11 @@
 """Write fake raw medical segmentation archives in the official layouts.
 
-    python tools/misc/make_synthetic_medseg.py --layout isic2017 OUT [--count 12]
-    python tools/misc/make_synthetic_medseg.py --layout isic2018 OUT [--count 12] [--train-only]
-    python tools/misc/make_synthetic_medseg.py --layout kvasir OUT [--count 20]
+    python tools/misc/make_synthetic_medseg.py --layout isic2017 OUT \
+        [--count 12]
+    python tools/misc/make_synthetic_medseg.py --layout isic2018 OUT \
+        [--count 12] [--train-only]
+    python tools/misc/make_synthetic_medseg.py --layout kvasir OUT \
+        [--count 20]
 
 Images are jpg: lesion-like (ISIC: dark irregular blobs on skin-toned,
 textured backgrounds) or polyp-like (Kvasir: pink bulges on reddish
@@ -15,14 +18,11 @@ with compression noise). --count is split over train/val/test for ISIC
 import argparse
 import os
 import os.path as osp
-import sys
 
 import cv2
 import numpy as np
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-
-from kcla_mm.datasets.preparation import ISIC_LAYOUTS  # noqa: E402
+from kcla_mm.datasets.preparation import ISIC_LAYOUTS
 
 # The official folder names, as prepare_isic.py reads them.
 ISIC_FOLDERS = {
@@ -34,14 +34,16 @@ ISIC_FOLDERS = {
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('out')
-    parser.add_argument('--layout', required=True,
-                        choices=['isic2017', 'isic2018', 'kvasir'])
-    parser.add_argument('--count', type=int, default=12,
-                        help='number of image/mask pairs')
-    parser.add_argument('--size', type=int, nargs=2, default=(160, 120),
-                        metavar=('W', 'H'))
-    parser.add_argument('--train-only', action='store_true',
-                        help='isic2018: write only the training part')
+    parser.add_argument(
+        '--layout', required=True, choices=['isic2017', 'isic2018', 'kvasir'])
+    parser.add_argument(
+        '--count', type=int, default=12, help='number of image/mask pairs')
+    parser.add_argument(
+        '--size', type=int, nargs=2, default=(160, 120), metavar=('W', 'H'))
+    parser.add_argument(
+        '--train-only',
+        action='store_true',
+        help='isic2018: write only the training part')
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args(argv)
     if args.count < 4:
@@ -56,10 +58,10 @@ def blob_mask(rng, w, h, scale):
     angles = np.linspace(0, 2 * np.pi, 64, endpoint=False)
     radius = np.full_like(angles, r)
     for k in (2, 3, 5):
-        radius += r * rng.uniform(0.02, 0.12) * np.cos(
-            k * angles + rng.uniform(0, 2 * np.pi))
-    pts = np.stack([cx + radius * np.cos(angles),
-                    cy + radius * np.sin(angles)], 1)
+        radius += r * rng.uniform(
+            0.02, 0.12) * np.cos(k * angles + rng.uniform(0, 2 * np.pi))
+    pts = np.stack(
+        [cx + radius * np.cos(angles), cy + radius * np.sin(angles)], 1)
     mask = np.zeros((h, w), np.uint8)
     cv2.fillPoly(mask, [np.round(pts).astype(np.int32)], 1)
     return mask
@@ -102,8 +104,9 @@ def write_isic(args, rng):
         os.makedirs(image_dir, exist_ok=True)
         os.makedirs(mask_dir, exist_ok=True)
         if args.layout == 'isic2017':
-            with open(osp.join(image_dir, f'{folders[split][0]}_metadata.csv'),
-                      'w') as f:
+            with open(
+                    osp.join(image_dir, f'{folders[split][0]}_metadata.csv'),
+                    'w') as f:
                 f.write('image_id,age_approximate,sex\n')
         else:
             for folder in (image_dir, mask_dir):
@@ -114,8 +117,8 @@ def write_isic(args, rng):
             index += 1
             img, mask = draw_pair(rng, *args.size, 'lesion')
             cv2.imwrite(osp.join(image_dir, stem + '.jpg'), img)
-            cv2.imwrite(osp.join(mask_dir, stem + '_segmentation.png'),
-                        mask * 255)
+            cv2.imwrite(
+                osp.join(mask_dir, stem + '_segmentation.png'), mask * 255)
             if args.layout == 'isic2017':
                 superpixels = rng.integers(0, 255, (*mask.shape, 3), np.uint8)
                 cv2.imwrite(
@@ -132,16 +135,18 @@ def write_kvasir(args, rng):
         stem = f'cju{i:04d}synthetic{rng.integers(1e6):06d}'
         img, mask = draw_pair(rng, *args.size, 'polyp')
         cv2.imwrite(osp.join(root, 'images', stem + '.jpg'), img)
-        cv2.imwrite(osp.join(root, 'masks', stem + '.jpg'), mask * 255,
-                    [cv2.IMWRITE_JPEG_QUALITY, 75])
+        cv2.imwrite(
+            osp.join(root, 'masks', stem + '.jpg'), mask * 255,
+            [cv2.IMWRITE_JPEG_QUALITY, 75])
     return dict(all=args.count)
 
 
 def main(argv=None):
     args = parse_args(argv)
     rng = np.random.default_rng(args.seed)
-    counts = (write_kvasir(args, rng) if args.layout == 'kvasir' else
-              write_isic(args, rng))
+    counts = (
+        write_kvasir(args, rng) if args.layout == 'kvasir' else write_isic(
+            args, rng))
     print(f'wrote a synthetic {args.layout} archive to {args.out}: ' +
           ', '.join(f'{k} {v}' for k, v in counts.items()))
 

@@ -6,16 +6,12 @@ Testing this checkpoint with tools/test.py gives the untrained baseline that
 a trained model's metrics should clearly beat.
 """
 import argparse
-import os.path as osp
-import sys
 
 import torch
 from mmengine.config import Config, DictAction
 from mmengine.registry import MODELS, init_default_scope
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-
-import kcla_mm  # noqa: E402,F401
+import kcla_mm  # noqa: F401
 
 
 def main(argv=None):
@@ -32,8 +28,9 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     model = MODELS.build(cfg.model)
     model.init_weights()
-    torch.save(dict(state_dict=model.state_dict(), meta=dict(seed=args.seed)),
-               args.out)
+    torch.save(
+        dict(state_dict=model.state_dict(), meta=dict(seed=args.seed)),
+        args.out)
     print(f'saved the initial weights of {args.config} to {args.out}')
 
 

@@ -9,16 +9,12 @@ that have no counterpart (the classifier ``fc.*`` and modules the official
 forward never uses) are listed, not silently lost.
 """
 import argparse
-import os.path as osp
 import sys
 
 import torch
 
-# Run from a checkout without installing: make `kcla_mm` importable.
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-
-from kcla_mm.models.official_checkpoint import (  # noqa: E402
-    OfficialCheckpointError, convert_official_checkpoint)
+from kcla_mm.models.official_checkpoint import (OfficialCheckpointError,
+                                                convert_official_checkpoint)
 
 
 def parse_args(argv=None):
@@ -37,8 +33,7 @@ def main(argv=None) -> int:
     except OfficialCheckpointError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 1
-    torch.save(
-        dict(state_dict=result.state_dict, meta=result.meta), args.dst)
+    torch.save(dict(state_dict=result.state_dict, meta=result.meta), args.dst)
     print(f'converted {len(result.state_dict)} tensors of KCLAResNet-'
           f'{result.depth} from {args.src} to {args.dst}')
     print(f'dropped {len(result.dropped)} official keys with no '

@@ -10,14 +10,10 @@ checkpoint of tools/train.py (optimizer, schedulers and MessageHub logs are
 dropped).
 """
 import argparse
-import os.path as osp
 import sys
 
-# Run from a checkout without installing: make `kcla_mm` importable.
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))
-
-from kcla_mm.engine.publish import (  # noqa: E402
-    CheckpointPublishError, publish_checkpoint)
+from kcla_mm.model_zoo.publish import (CheckpointPublishError,
+                                       publish_checkpoint)
 
 
 def parse_args(argv=None):
@@ -26,7 +22,8 @@ def parse_args(argv=None):
     parser.add_argument('in_file', help='input checkpoint filename')
     parser.add_argument('out_file', help='output checkpoint filename')
     parser.add_argument(
-        '--keep-ema', action='store_true',
+        '--keep-ema',
+        action='store_true',
         help="also keep mmengine's EMAHook 'ema_state_dict' (with EMAHook "
         "the 'state_dict' already holds the averaged weights)")
     return parser.parse_args(argv)
@@ -35,8 +32,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        result = publish_checkpoint(args.in_file, args.out_file,
-                                    keep_ema=args.keep_ema)
+        result = publish_checkpoint(
+            args.in_file, args.out_file, keep_ema=args.keep_ema)
     except CheckpointPublishError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 1

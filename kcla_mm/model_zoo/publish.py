@@ -18,7 +18,7 @@ import os
 import os.path as osp
 import tempfile
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -84,8 +84,8 @@ def _check_plain(value: Any, path: str) -> None:
 
 def load_training_checkpoint(in_file: str) -> dict:
     """Loads an mmengine checkpoint with ``weights_only=True`` (mmengine's
-    logging types allow-listed, see :mod:`kcla_mm.utils.checkpoint_safety`); on torch <
-    2.6, which has no allow-list, as mmengine loads it there
+    logging types allow-listed, see :mod:`kcla_mm.utils.checkpoint_safety`);
+    on torch < 2.6, which has no allow-list, as mmengine loads it there
     (:func:`kcla_mm.torch_compat.load_checkpoint_file`).
 
     Raises:
@@ -100,16 +100,15 @@ def load_training_checkpoint(in_file: str) -> dict:
     # RuntimeError, KeyError on a text file, ...), the answer is the same.
     except Exception as exc:  # noqa: B902
         first_line = str(exc).strip().splitlines()[0] if str(exc) else ''
-        loader = ('weights_only=True' if WEIGHTS_ONLY_ALLOW_LIST else
-                  'torch.load')
+        loader = ('weights_only=True'
+                  if WEIGHTS_ONLY_ALLOW_LIST else 'torch.load')
         raise CheckpointPublishError(
             f'{in_file} is not a PyTorch checkpoint that loads with {loader} '
-            f'({type(exc).__name__}: {first_line})'
-        ) from exc
+            f'({type(exc).__name__}: {first_line})') from exc
     if not isinstance(checkpoint, dict) or 'state_dict' not in checkpoint:
-        found = (sorted(map(str, checkpoint))
-                 if isinstance(checkpoint, dict) else type(checkpoint)
-                 .__name__)
+        found = (
+            sorted(map(str, checkpoint))
+            if isinstance(checkpoint, dict) else type(checkpoint).__name__)
         raise CheckpointPublishError(
             f'{in_file} is not an mmengine checkpoint: expected a dict with '
             f"a 'state_dict' key, found {found}")
@@ -121,7 +120,8 @@ def load_training_checkpoint(in_file: str) -> dict:
     return checkpoint
 
 
-def strip_checkpoint(checkpoint: dict, keep_ema: bool = False,
+def strip_checkpoint(checkpoint: dict,
+                     keep_ema: bool = False,
                      source: str = 'checkpoint') -> Tuple[dict, List[str]]:
     """The release part of a training checkpoint.
 
@@ -141,7 +141,7 @@ def strip_checkpoint(checkpoint: dict, keep_ema: bool = False,
     if keep_ema and EMA_KEY not in checkpoint:
         raise CheckpointPublishError(
             f'{source} has no {EMA_KEY!r} (it was not trained with '
-            "mmengine's EMAHook); publish it without --keep-ema")
+            "mmengine's EMAHook): there are no EMA weights to keep")
     released = {key: checkpoint[key] for key in keep if key in checkpoint}
     released.setdefault('meta', {})
     for key, value in released.items():
@@ -150,7 +150,8 @@ def strip_checkpoint(checkpoint: dict, keep_ema: bool = False,
     return released, dropped
 
 
-def publish_checkpoint(in_file: str, out_file: str,
+def publish_checkpoint(in_file: str,
+                       out_file: str,
                        keep_ema: bool = False) -> Dict[str, Any]:
     """Writes the release checkpoint of ``in_file`` to
     ``<out_file>-<sha256[:8]>.pth``.
@@ -182,5 +183,5 @@ def publish_checkpoint(in_file: str, out_file: str,
         if osp.exists(tmp_path):
             os.remove(tmp_path)
         raise
-    return dict(path=final, sha256=digest, kept=sorted(released),
-                dropped=dropped)
+    return dict(
+        path=final, sha256=digest, kept=sorted(released), dropped=dropped)

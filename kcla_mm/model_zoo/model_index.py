@@ -93,8 +93,11 @@ def load_model_index(package: str = 'kcla_mm') -> Dict[str, ModelInfo]:
             aliases = entry.get('Alias') or []
             aliases = [aliases] if isinstance(aliases, str) else list(aliases)
             info = ModelInfo(
-                name=entry['Name'], config=config, weights=weights,
-                metafile=metafile, aliases=aliases,
+                name=entry['Name'],
+                config=config,
+                weights=weights,
+                metafile=metafile,
+                aliases=aliases,
                 results=list(entry.get('Results') or []))
             for key in [info.name, *info.aliases]:
                 if key.lower() in models:

@@ -1,0 +1,138 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""Parameters, FLOPs and activations of a whole mmdet or mmseg model.
+
+Counted with mmengine's ``mmengine.analysis`` (fvcore's jit-trace counter):
+one multiply-add counts as one FLOP, as in mmdet's and mmseg's get_flops
+tools (so the figures are MACs). The model runs in eval mode on one
+1x3xHxW zero image, detectors in mmdet's ``mode='tensor'`` (backbone, neck,
+RPN, RoI heads, without NMS post-processing) and segmentors in mmseg's.
+
+mmengine has no counting rule for the ops that carry the layer attention:
+:data:`kcla_mm.analysis.complexity.ATTENTION_OP_HANDLES` adds them (the
+rules the backbone-level :func:`~kcla_mm.analysis.complexity.count_flops`
+uses too). Every op that still has no rule is reported under
+``uncounted`` with how often it ran, so nothing is dropped silently.
+"""
+from functools import partial
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.analysis import ActivationAnalyzer, FlopAnalyzer, parameter_count
+from mmengine.config import Config
+from mmengine.registry import MODELS, init_default_scope
+
+from .complexity import ATTENTION_OP_HANDLES
+
+SCOPES = ('mmdet', 'mmseg')
+# mmdet's get_flops default input for detectors, (H, W).
+DETECTION_SHAPE = (1280, 800)
+
+
+def config_scope(cfg: Config) -> str:
+    """The config's ``default_scope`` (mmdet when it has none).
+
+    Raises:
+        ValueError: The scope is neither mmdet nor mmseg.
+    """
+    scope = cfg.get('default_scope', 'mmdet')
+    if scope not in SCOPES:
+        raise ValueError(f"{cfg.filename}: default_scope is {scope!r}; "
+                         "expected 'mmdet' or 'mmseg'")
+    return scope
+
+
+def default_input_shape(cfg: Config) -> Tuple[int, int]:
+    """The (H, W) that FLOPs are counted at when none is asked for.
+
+    mmdet's get_flops default (1280, 800) for detectors; the crop size the
+    segmentor is trained on for segmentors (the data preprocessor's
+    ``size`` when the config has no ``crop_size``).
+    """
+    if config_scope(cfg) == 'mmseg':
+        size = (
+            cfg.get('crop_size')
+            or cfg.model.get('data_preprocessor', {}).get('size'))
+        if size:
+            return int(size[0]), int(size[1])
+    return DETECTION_SHAPE
+
+
+def _data_samples(scope: str, height: int, width: int) -> List[Any]:
+    """One data sample with the meta information the heads read."""
+    meta = dict(
+        img_shape=(height, width),
+        ori_shape=(height, width),
+        pad_shape=(height, width),
+        batch_input_shape=(height, width),
+        scale_factor=(1.0, 1.0))
+    if scope == 'mmdet':
+        from mmdet.structures import DetDataSample
+        return [DetDataSample(metainfo=meta)]
+    from mmseg.structures import SegDataSample
+    return [SegDataSample(metainfo=meta)]
+
+
+def build_model(cfg: Config, backbone_only: bool = False) -> nn.Module:
+    """``cfg.model`` (or only its backbone) built in the config's scope, in
+    eval mode and with its own initialisation (no init_weights call)."""
+    import kcla_mm  # noqa: F401  registers the KCLA modules
+    init_default_scope(config_scope(cfg))
+    model = MODELS.build(cfg.model)
+    if backbone_only:
+        model = model.backbone
+    return model.eval()
+
+
+def analyse_config(cfg: Config,
+                   height: Optional[int] = None,
+                   width: Optional[int] = None,
+                   backbone_only: bool = False) -> Dict[str, Any]:
+    """Parameters, FLOPs and activations of ``cfg``'s model on one
+    ``1x3xHxW`` image.
+
+    Args:
+        cfg (Config): An mmdet or mmseg config.
+        height (int, optional): Input height; with ``width`` None, both
+            default to :func:`default_input_shape`.
+        width (int, optional): Input width.
+        backbone_only (bool): Count ``model.backbone`` only. Defaults to
+            False.
+
+    Returns:
+        dict: ``params``, ``flops``, ``activations`` (ints), ``shape``
+        (the (H, W) counted at), ``uncounted`` (op name -> number of calls
+        without a FLOP rule) and the analyzers (``flop_analyzer``,
+        ``activation_analyzer``) for per-module tables.
+    """
+    scope = config_scope(cfg)
+    if height is None or width is None:
+        height, width = default_input_shape(cfg)
+    model = build_model(cfg, backbone_only)
+    image = torch.zeros(1, 3, height, width)
+    if not backbone_only:
+        # Detectors and segmentors take data samples besides the image: bind
+        # them so that the traced forward sees one tensor argument.
+        model.forward = partial(
+            model.forward,
+            data_samples=_data_samples(scope, height, width),
+            mode='tensor')
+    inputs = (image, )
+    with torch.no_grad():
+        flops = FlopAnalyzer(model, inputs)
+        flops.set_op_handle(**ATTENTION_OP_HANDLES)
+        flops.unsupported_ops_warnings(False)
+        flops.uncalled_modules_warnings(False)
+        activations = ActivationAnalyzer(model, inputs)
+        activations.unsupported_ops_warnings(False)
+        activations.uncalled_modules_warnings(False)
+        total_flops = flops.total()
+        total_acts = activations.total()
+    return dict(
+        params=parameter_count(model)[''],
+        flops=total_flops,
+        activations=total_acts,
+        shape=(height, width),
+        uncounted=dict(flops.unsupported_ops()),
+        flop_analyzer=flops,
+        activation_analyzer=activations)

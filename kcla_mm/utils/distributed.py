@@ -1,0 +1,65 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""Distributed runs of mmengine's Runner on machines without GPUs."""
+import torch
+from mmengine.config import Config, ConfigDict
+
+
+def cpu_distributed_defaults(cfg: Config) -> None:
+    """Lets the same config train distributed on a CPU-only machine.
+
+    The configs ask for NCCL, which needs GPUs: use gloo instead (an
+    explicit ``env_cfg.dist_cfg.backend`` other than nccl is kept). mmengine
+    wraps the model in DDP with ``device_ids=[LOCAL_RANK]``, which DDP
+    refuses for CPU modules: ask for ``device_ids=None``. With a GPU the
+    config is left as it is.
+
+    Args:
+        cfg (Config): The config, changed in place.
+    """
+    if torch.cuda.is_available():
+        return
+    dist_cfg = cfg.setdefault('env_cfg',
+                              ConfigDict()).setdefault('dist_cfg',
+                                                       ConfigDict())
+    if dist_cfg.get('backend', 'nccl') == 'nccl':
+        dist_cfg.backend = 'gloo'
+    wrapper = cfg.get('model_wrapper_cfg') or ConfigDict(
+        type='MMDistributedDataParallel')
+    wrapper.setdefault('device_ids', None)
+    cfg.model_wrapper_cfg = wrapper
+
+
+def init_distributed_on_cpu(cfg: Config) -> None:
+    """Starts the process group of a ``launcher='pytorch'`` config without
+    GPUs.
+
+    mmengine 0.10.7's pytorch launcher calls ``torch.cuda.set_device``
+    before ``init_process_group``, which fails on a CPU-only torch; once a
+    group exists, the Runner uses it as it is. Does nothing for other
+    launchers, with a GPU, or when a group exists.
+
+    Args:
+        cfg (Config): The config of the run (``launcher`` and
+            ``env_cfg.dist_cfg`` are read).
+    """
+    import torch.distributed as dist
+    if (cfg.get('launcher', 'none') != 'pytorch' or torch.cuda.is_available()
+            or dist.is_initialized()):
+        return
+    dist_cfg = dict(cfg.get('env_cfg', {}).get('dist_cfg', {}))
+    backend = dist_cfg.pop('backend', 'gloo')
+    timeout = dist_cfg.pop('timeout', None)
+    kwargs = {}
+    if timeout is not None:
+        from datetime import timedelta
+        kwargs['timeout'] = timedelta(seconds=timeout)
+    dist.init_process_group(backend=backend, **kwargs)
+
+
+def close_distributed() -> None:
+    """Destroys the process group, if any, before the interpreter exits:
+    a gloo group left alive can abort the process at exit ("terminate
+    called without an active exception") after a successful run."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

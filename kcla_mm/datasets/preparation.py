@@ -21,20 +21,20 @@ IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 # The official ISIC Task 1 folders, as extracted: split -> (images, masks).
 ISIC_LAYOUTS = {
     2017: {
-        'train': ('ISIC-2017_Training_Data',
-                  'ISIC-2017_Training_Part1_GroundTruth'),
+        'train':
+        ('ISIC-2017_Training_Data', 'ISIC-2017_Training_Part1_GroundTruth'),
         'val': ('ISIC-2017_Validation_Data',
                 'ISIC-2017_Validation_Part1_GroundTruth'),
-        'test': ('ISIC-2017_Test_v2_Data',
-                 'ISIC-2017_Test_v2_Part1_GroundTruth'),
+        'test':
+        ('ISIC-2017_Test_v2_Data', 'ISIC-2017_Test_v2_Part1_GroundTruth'),
     },
     2018: {
         'train': ('ISIC2018_Task1-2_Training_Input',
                   'ISIC2018_Task1_Training_GroundTruth'),
         'val': ('ISIC2018_Task1-2_Validation_Input',
                 'ISIC2018_Task1_Validation_GroundTruth'),
-        'test': ('ISIC2018_Task1-2_Test_Input',
-                 'ISIC2018_Task1_Test_GroundTruth'),
+        'test':
+        ('ISIC2018_Task1-2_Test_Input', 'ISIC2018_Task1_Test_GroundTruth'),
     },
 }
 
@@ -50,8 +50,11 @@ class Sample:
     mask: str
 
 
-def list_files(folder: str, extensions=IMAGE_EXTENSIONS,
-               exclude_suffixes: Sequence[str] = ()) -> Dict[str, str]:
+def list_files(
+    folder: str,
+    extensions=IMAGE_EXTENSIONS,
+    exclude_suffixes: Sequence[str] = ()
+) -> Dict[str, str]:
     """stem -> path of the files in ``folder`` with one of ``extensions``,
     skipping stems that end with one of ``exclude_suffixes``."""
     if not osp.isdir(folder):
@@ -70,9 +73,12 @@ def list_files(folder: str, extensions=IMAGE_EXTENSIONS,
     return files
 
 
-def pair_images_and_masks(image_dir: str, mask_dir: str,
-                          mask_stem: Callable[[str], str],
-                          image_exclude: Sequence[str] = ()) -> List[Sample]:
+def pair_images_and_masks(
+    image_dir: str,
+    mask_dir: str,
+    mask_stem: Callable[[str], str],
+    image_exclude: Sequence[str] = ()
+) -> List[Sample]:
     """Pairs each image with the mask named ``mask_stem(image_stem)``."""
     images = list_files(image_dir, exclude_suffixes=image_exclude)
     masks = list_files(mask_dir)
@@ -84,8 +90,7 @@ def pair_images_and_masks(image_dir: str, mask_dir: str,
         wanted = mask_stem(stem)
         expected_masks[wanted] = path
         if wanted not in masks:
-            raise PreparationError(
-                f'{path}: no mask {wanted}.* in {mask_dir}')
+            raise PreparationError(f'{path}: no mask {wanted}.* in {mask_dir}')
         samples.append(Sample(stem, path, masks[wanted]))
     for stem, path in masks.items():
         if stem not in expected_masks:
@@ -102,7 +107,9 @@ def read_binary_mask(path: str, threshold: int = 128) -> np.ndarray:
     return (mask >= threshold).astype(np.uint8)
 
 
-def write_sample(sample: Sample, out: str, split: str,
+def write_sample(sample: Sample,
+                 out: str,
+                 split: str,
                  size: Optional[Tuple[int, int]] = None,
                  threshold: int = 128) -> None:
     img_dir = osp.join(out, 'img_dir', split)
@@ -129,7 +136,8 @@ def write_sample(sample: Sample, out: str, split: str,
     cv2.imwrite(osp.join(ann_dir, sample.name + '.png'), mask)
 
 
-def write_splits(splits: Dict[str, List[Sample]], out: str,
+def write_splits(splits: Dict[str, List[Sample]],
+                 out: str,
                  size: Optional[Tuple[int, int]] = None,
                  threshold: int = 128) -> Dict[str, int]:
     for split, samples in splits.items():
@@ -161,7 +169,7 @@ def ratio_counts(total: int, val_ratio: float,
     if not (0 <= val_ratio < 1 and 0 <= test_ratio < 1
             and val_ratio + test_ratio < 1):
         raise PreparationError(
-            f'--val-ratio={val_ratio} and --test-ratio={test_ratio} must be '
+            f'val_ratio={val_ratio} and test_ratio={test_ratio} must be '
             'in [0, 1) with a sum below 1')
     n_val = round(total * val_ratio)
     n_test = round(total * test_ratio)

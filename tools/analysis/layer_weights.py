@@ -2,7 +2,7 @@
 
     python tools/analysis/layer_weights.py CONFIG CHECKPOINT IMAGE
         [--out layer_weights.png] [--size 224] [--heads 2]
-        [--mrlal-checkpoint PATH]
+        [--mrla-light-checkpoint PATH]
 
 CONFIG has a KCLA backbone (a detection or UNet config, or a config with
 a top-level ``backbone`` dict). CHECKPOINT is a training
@@ -13,7 +13,7 @@ w_i / Z_t with which each earlier block i enters KCLA's aggregate, per head
 (mean over heads and ``--heads`` single heads), beside the same picture for
 MRLA-light of the same depth and width: the share of block i in O^t, whose
 effective coefficient gate_i * prod lambda decays geometrically with t - i.
-MRLA-light is randomly initialised unless ``--mrlal-checkpoint`` is given.
+MRLA-light is randomly initialised unless ``--mrla-light-checkpoint`` is given.
 Colours are on a log scale; rows sum to 1.
 """
 import argparse
@@ -47,7 +47,10 @@ def parse_args(argv=None):
         action='store_true',
         help='ignore CHECKPOINT: randomly initialised model')
     parser.add_argument(
+        '--mrla-light-checkpoint',
+        # The option's name before MRLA-light had one spelling.
         '--mrlal-checkpoint',
+        dest='mrla_light_checkpoint',
         default=None,
         help='MRLALightResNet weights of the same depth/width')
     parser.add_argument('--out', default='layer_weights.png')
@@ -102,16 +105,16 @@ def main(argv=None):
                                         args.cfg_options)
     checkpoint = checkpoint_arg(args)
     kcla = load_backbone(cfg, checkpoint, kcla_cfg)
-    mrlal_cfg = {k: v for k, v in kcla_cfg.items() if k not in KCLA_ONLY}
-    mrlal_cfg['type'] = 'MRLALightResNet'
-    mrlal = load_backbone(cfg, args.mrlal_checkpoint, mrlal_cfg)
+    mrla_light_cfg = {k: v for k, v in kcla_cfg.items() if k not in KCLA_ONLY}
+    mrla_light_cfg['type'] = 'MRLALightResNet'
+    mrla_light = load_backbone(cfg, args.mrla_light_checkpoint, mrla_light_cfg)
     x = read_image(args.image, args.size, cfg)
 
     panels = [('KCLA  w_i / Z_t', kcla_normalised_weights(kcla, x),
                describe_weights(checkpoint)),
               ('MRLA-light  share of block i in O^t',
-               mrla_light_shares(mrlal,
-                                 x), describe_weights(args.mrlal_checkpoint))]
+               mrla_light_shares(mrla_light, x),
+               describe_weights(args.mrla_light_checkpoint))]
 
     import matplotlib
     matplotlib.use('Agg')

@@ -53,7 +53,14 @@ def parse_args(argv=None):
         nargs=2,
         metavar=('W', 'H'),
         help='resize images and masks (default: keep)')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        ratio_counts(1, args.val_ratio, args.test_ratio)
+    except PreparationError:
+        parser.error(f'--val-ratio={args.val_ratio} and --test-ratio='
+                     f'{args.test_ratio} must be in [0, 1) with a sum '
+                     'below 1')
+    return args
 
 
 def collect(raw: str, year: int, split: str):

@@ -23,17 +23,22 @@ MODES = ('eval', 'train')
 def build_models(
     depth: int,
     device: str = 'cpu',
-    memory_format: torch.memory_format = torch.contiguous_format
+    memory_format: torch.memory_format = torch.contiguous_format,
+    kcla_inplace: bool = False,
 ) -> Dict[str, nn.Module]:
     """``{'resnet': ResNet, 'kcla': KCLAResNet}`` of ``depth``, initialised
-    with seed 0 and moved to ``device`` in ``memory_format``.
+    with seed 0 and moved to ``device`` in ``memory_format``; KCLAResNet's
+    ``kcla_inplace`` as given.
 
     ``norm_eval=False`` and nothing frozen in both: a train step should
     update BN statistics as in ImageNet training.
     """
     torch.manual_seed(0)
     common = dict(depth=depth, norm_eval=False, frozen_stages=-1)
-    models = {'resnet': ResNet(**common), 'kcla': KCLAResNet(**common)}
+    models = {
+        'resnet': ResNet(**common),
+        'kcla': KCLAResNet(**common, kcla_inplace=kcla_inplace)
+    }
     for model in models.values():
         model.init_weights()
         model.to(device, memory_format=memory_format)

@@ -58,6 +58,11 @@ def parse_args():
         help='run both models and inputs in channels_last (NHWC), where '
         "oneDNN's depthwise conv needs no layout reorders")
     parser.add_argument(
+        '--kcla-inplace',
+        action='store_true',
+        help='KCLAResNet(kcla_inplace=True): in eval, the state and the '
+        'block output are updated in place')
+    parser.add_argument(
         '--modes',
         nargs='+',
         default=['eval', 'train'],
@@ -88,7 +93,8 @@ def main():
     MMLogger.get_current_instance().setLevel(logging.WARNING)
     memory_format = (
         torch.channels_last if args.channels_last else torch.contiguous_format)
-    models = build_models(args.depth, args.device, memory_format)
+    models = build_models(args.depth, args.device, memory_format,
+                          args.kcla_inplace)
     x_eval = torch.randn(
         args.eval_batch, 3, args.size, args.size,
         device=args.device).contiguous(memory_format=memory_format)
@@ -100,7 +106,8 @@ def main():
 
     print(f'KCLAResNet-{args.depth} vs ResNet-{args.depth} on {args.device}, '
           f'{args.threads} thread(s), torch {torch.__version__}, ' +
-          ('channels_last, ' if args.channels_last else 'NCHW, ') + 'malloc ' +
+          ('channels_last, ' if args.channels_last else 'NCHW, ') +
+          ('kcla_inplace, ' if args.kcla_inplace else '') + 'malloc ' +
           ('keeping freed memory' if args.keep_freed_memory else 'defaults'))
     for mode, batch in (('eval', args.eval_batch), ('train',
                                                     args.train_batch)):

@@ -2,7 +2,6 @@ import os
 import os.path as osp
 import shutil
 import sys
-
 from setuptools import find_packages, setup
 
 try:  # setuptools >= 64 (PEP 660 editable installs)
@@ -43,8 +42,9 @@ def add_mim_extension() -> None:
     """
     if 'develop' in sys.argv or 'editable_wheel' in sys.argv:
         mode = 'symlink' if os.name != 'nt' else 'copy'
-    elif any(cmd in sys.argv
-             for cmd in ('sdist', 'bdist_wheel', 'build', 'build_py')):
+    elif any(
+            cmd in sys.argv
+            for cmd in ('sdist', 'bdist_wheel', 'build', 'build_py')):
         mode = 'copy'
     else:
         return
@@ -66,8 +66,10 @@ def add_mim_extension() -> None:
         if mode == 'symlink':
             os.symlink(osp.relpath(src, mim_path), dst)
         elif osp.isdir(src):
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns(
-                '__pycache__', '*.pyc'))
+            shutil.copytree(
+                src,
+                dst,
+                ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
         else:
             shutil.copyfile(src, dst)
 
@@ -98,7 +100,6 @@ if editable_wheel is not None:
 
     cmdclass['editable_wheel'] = EditableWheelWithMim
 
-
 add_mim_extension()
 
 setup(
@@ -106,8 +107,8 @@ setup(
     version=read_version(),
     description='Key-Correlated Layer Attention (KCLA) backbones for '
     'MMDetection and MMSegmentation',
-    long_description=open(
-        osp.join(ROOT, 'README.md'), encoding='utf-8').read(),
+    long_description=open(osp.join(ROOT, 'README.md'),
+                          encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     packages=find_packages(include=['kcla_mm', 'kcla_mm.*']),
     # The generated .mim folder (configs, tools, model index) ships inside

@@ -22,7 +22,6 @@ TORCH_VERSION = digit_version(torch.__version__)
 #: checkpoints load without any allow-list.
 WEIGHTS_ONLY_ALLOW_LIST = TORCH_VERSION >= digit_version('2.6.0')
 
-
 # torch 2.4 gave torch.is_autocast_enabled a device_type argument.
 _AUTOCAST_QUERY_TAKES_DEVICE = TORCH_VERSION >= digit_version('2.4.0')
 
@@ -79,9 +78,9 @@ def load_checkpoint_file(path: str) -> Any:
     """Loads a checkpoint file to the CPU as mmengine does on this torch.
 
     torch >= 2.6: ``weights_only=True``, so a training checkpoint loads only
-    once its types are allow-listed
-    (:func:`kcla_mm.utils.checkpoint_safety.allow_mmengine_checkpoint_types`). Older torch has
-    no such allow-list, and its ``torch.load`` default (full unpickling) is
+    once its types are allow-listed (``import kcla_mm`` does it, see
+    :mod:`kcla_mm.utils.checkpoint_safety`). Older torch has no such
+    allow-list, and its ``torch.load`` default (full unpickling) is
     what mmengine's own loading uses there: only open checkpoints you trust.
     """
     if WEIGHTS_ONLY_ALLOW_LIST:

@@ -41,7 +41,8 @@ def main(stack: str) -> int:
             f'{VENVS.get(stack, ".venv")}; bash scripts/setup_venv.sh '
             f'{stack}` (a source build runs with MMCV_WITH_OPS=1 '
             'FORCE_CUDA=0 --no-build-isolation --no-cache-dir, torch '
-            'installed first).', file=sys.stderr)
+            'installed first).',
+            file=sys.stderr)
         return 1
     return 0
 

@@ -7,7 +7,6 @@ query-key product.
 """
 from typing import List
 
-import torch
 import torch.nn as nn
 from torch import Tensor
 
@@ -31,9 +30,8 @@ def la_key_similarity(model: nn.Module, x: Tensor) -> List[Tensor]:
         last_of_stage[name.split('.')[0]] = module
     caches = []
     handles = [
-        module.register_forward_hook(
-            lambda m, args, out: caches.append((m, out[1].keys)))
-        for module in last_of_stage.values()
+        module.register_forward_hook(lambda m, args, out: caches.append(
+            (m, out[1].keys))) for module in last_of_stage.values()
     ]
     eval_forward_with_hooks(model, x, handles)
     matrices = []

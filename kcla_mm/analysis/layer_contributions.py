@@ -56,8 +56,10 @@ def kcla_normalised_weights(model: nn.Module, x: Tensor) -> List[Tensor]:
     for _, module in attention_modules(model):
         if not isinstance(module, KCLALayer):
             raise TypeError(f'{type(model).__name__} is not a KCLA backbone')
-        handles += [module.register_forward_pre_hook(before),
-                    module.register_forward_hook(after)]
+        handles += [
+            module.register_forward_pre_hook(before),
+            module.register_forward_hook(after)
+        ]
     eval_forward_with_hooks(model, x, handles)
 
     rows, coef, z = [], None, None
@@ -112,9 +114,9 @@ def mrla_light_shares(model: nn.Module, x: Tensor) -> List[Tensor]:
         carried.append(own[..., None, None] * module.value_conv(x_t))
         terms[:] = carried
         n, heads = x_t.shape[0], module.num_heads
-        norms = torch.stack([
-            t.double().reshape(n, heads, -1).norm(dim=2) for t in terms
-        ], dim=2)
+        norms = torch.stack(
+            [t.double().reshape(n, heads, -1).norm(dim=2) for t in terms],
+            dim=2)
         rows.append((norms / norms.sum(2, keepdim=True)).mean(0).float())
 
     handles = []

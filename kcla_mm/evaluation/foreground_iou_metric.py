@@ -24,8 +24,8 @@ class ForegroundIoUMetric(IoUMetric):
         per_class = self.total_area_to_metrics(*areas, ['mIoU', 'mDice'],
                                                self.nan_to_num, self.beta)
         for i, name in enumerate(self.dataset_meta['classes'][1:], start=1):
-            metrics[f'IoU.{name}'] = float(np.round(per_class['IoU'][i] * 100,
-                                                    2))
+            metrics[f'IoU.{name}'] = float(
+                np.round(per_class['IoU'][i] * 100, 2))
             metrics[f'Dice.{name}'] = float(
                 np.round(per_class['Dice'][i] * 100, 2))
         return metrics

@@ -132,8 +132,8 @@ def convert_official_checkpoint(path: str) -> ConversionResult:
                 f'KCLAResNet-{depth}')
         expected = target[new_key].shape
         if value.shape != expected:
-            if value.numel() != expected.numel() or not new_key.endswith(
-                    '.tau'):
+            if value.numel() != expected.numel(
+            ) or not new_key.endswith('.tau'):
                 raise OfficialCheckpointError(
                     f'{path}: key {key!r} has shape {tuple(value.shape)}, '
                     f'KCLAResNet-{depth} expects {tuple(expected)} for '

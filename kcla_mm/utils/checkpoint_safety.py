@@ -36,8 +36,10 @@ def _numpy_types():
         from numpy.core.multiarray import _reconstruct, scalar
     except ImportError:  # pragma: no cover - numpy 2
         from numpy._core.multiarray import _reconstruct, scalar
-    dtype_classes = [type(np.dtype(t)) for t in (
-        np.float64, np.float32, np.float16, np.int64, np.int32, np.bool_)]
+    dtype_classes = [
+        type(np.dtype(t)) for t in (np.float64, np.float32, np.float16,
+                                    np.int64, np.int32, np.bool_)
+    ]
     return [_reconstruct, scalar, np.ndarray, np.dtype, *dtype_classes]
 
 
@@ -63,7 +65,9 @@ def allow_mmengine_checkpoint_types() -> bool:
         bool: Whether this torch has the allow-list (torch >= 2.6).
     """
     return add_safe_globals([
-        HistoryBuffer, Counter, *_numpy_types(),
+        HistoryBuffer,
+        Counter,
+        *_numpy_types(),
         (_history_buffer_getattr, '__builtin__.getattr'),
         (_history_buffer_getattr, 'builtins.getattr'),
     ])

@@ -50,10 +50,9 @@ class CrossLayerResLayer(ResLayer):
             first = j == 0
             setattr(
                 block, attention_name,
-                make_attention(
-                    channels, j,
-                    in_state_channels if first else channels,
-                    kwargs.get('stride', 1) if first else 1))
+                make_attention(channels, j,
+                               in_state_channels if first else channels,
+                               kwargs.get('stride', 1) if first else 1))
 
     def forward(self, x: Tensor, state) -> Tuple[Tensor, object]:
         for block in self:
@@ -100,8 +99,8 @@ class CrossLayerResNet(ResNet):
         num_stages = kwargs.get('num_stages', 4)
         if not 1 <= num_stages <= 4:
             raise ValueError(f'num_stages={num_stages} must be in 1..4')
-        for field, default in (('strides', (1, 2, 2, 2)),
-                               ('dilations', (1, 1, 1, 1))):
+        for field, default in (('strides', (1, 2, 2, 2)), ('dilations',
+                                                           (1, 1, 1, 1))):
             value = kwargs.get(field, default)
             if len(value) != num_stages:
                 raise ValueError(

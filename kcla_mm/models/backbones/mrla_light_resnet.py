@@ -16,11 +16,11 @@ class MRLALightResNet(CrossLayerResNet):
     """ResNet with MRLA-light (Fang et al., ICLR 2023), the linear baseline.
 
     A :class:`~kcla_mm.models.layers.MRLALightLayer` follows every block
-    (at ``layerN.J.mrla_light``) and carries the previous block's attention output
-    O^{t-1}, scaled by a learnable per-channel decay ``decay`` (lambda^t):
-    block i reaches block t with coefficient gate_i * prod_{j=i+1..t}
-    lambda^j. Every option of mmdet's ResNet keeps its meaning; plain ResNet
-    weights load into the ResNet part.
+    (at ``layerN.J.mrla_light``) and carries the previous block's attention
+    output O^{t-1}, scaled by a learnable per-channel decay ``decay``
+    (lambda^t): block i reaches block t with coefficient
+    gate_i * prod_{j=i+1..t} lambda^j. Every option of mmdet's ResNet keeps
+    its meaning; plain ResNet weights load into the ResNet part.
 
     Args:
         head_dim (int): Channels per head. Default: 32 (official MRLA).
@@ -39,8 +39,8 @@ class MRLALightResNet(CrossLayerResNet):
                  mrla_light_drop_path: float = 0.2,
                  **kwargs):
         if not 0. <= mrla_light_drop_path < 1.:
-            raise ValueError(
-                f'mrla_light_drop_path={mrla_light_drop_path} must be in [0, 1)')
+            raise ValueError(f'mrla_light_drop_path={mrla_light_drop_path} '
+                             'must be in [0, 1)')
         self.mrla_cfg = self.shared_layer_cfg(
             kwargs, head_dim=head_dim, drop_path=mrla_light_drop_path)
         super().__init__(depth=depth, head_dim=head_dim, **kwargs)

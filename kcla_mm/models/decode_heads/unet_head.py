@@ -13,24 +13,38 @@ from torch import Tensor
 class UpBlock(nn.Module):
     """Upsample to the skip's size, concatenate it, two conv-norm-ReLU."""
 
-    def __init__(self, in_channels: int, skip_channels: int,
-                 out_channels: int, conv_cfg, norm_cfg, act_cfg):
+    def __init__(self, in_channels: int, skip_channels: int, out_channels: int,
+                 conv_cfg, norm_cfg, act_cfg):
         super().__init__()
         self.convs = nn.Sequential(
-            ConvModule(in_channels + skip_channels, out_channels, 3,
-                       padding=1, conv_cfg=conv_cfg, norm_cfg=norm_cfg,
-                       act_cfg=act_cfg),
-            ConvModule(out_channels, out_channels, 3, padding=1,
-                       conv_cfg=conv_cfg, norm_cfg=norm_cfg, act_cfg=act_cfg))
+            ConvModule(
+                in_channels + skip_channels,
+                out_channels,
+                3,
+                padding=1,
+                conv_cfg=conv_cfg,
+                norm_cfg=norm_cfg,
+                act_cfg=act_cfg),
+            ConvModule(
+                out_channels,
+                out_channels,
+                3,
+                padding=1,
+                conv_cfg=conv_cfg,
+                norm_cfg=norm_cfg,
+                act_cfg=act_cfg))
 
     def forward(self, x: Tensor, skip_or_size) -> Tensor:
         if isinstance(skip_or_size, Tensor):
-            x = F.interpolate(x, size=skip_or_size.shape[2:], mode='bilinear',
-                              align_corners=False)
+            x = F.interpolate(
+                x,
+                size=skip_or_size.shape[2:],
+                mode='bilinear',
+                align_corners=False)
             x = torch.cat([x, skip_or_size], dim=1)
         else:
-            x = F.interpolate(x, size=skip_or_size, mode='bilinear',
-                              align_corners=False)
+            x = F.interpolate(
+                x, size=skip_or_size, mode='bilinear', align_corners=False)
         return self.convs(x)
 
 

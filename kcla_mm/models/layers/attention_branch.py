@@ -105,14 +105,13 @@ def head_scaled_add(base: Optional[Tensor], scale: Tensor,
         if base is None:
             out = torch.bmm(scale_3d, t.reshape(flat))
         else:
-            out = torch.baddbmm(base.reshape(flat), scale_3d,
-                                t.reshape(flat))
+            out = torch.baddbmm(base.reshape(flat), scale_3d, t.reshape(flat))
         return out.view(t.shape)
     # Elementwise with one scale per channel: a (N, heads, -1) reshape would
     # copy a channels_last tensor, and bmm would be autocast to fp16 (these
     # ops promote to the scale's fp32 instead).
-    scale_4d = scale.repeat_interleave(t.shape[1] // heads, dim=1)[..., None,
-                                                                   None]
+    scale_4d = scale.repeat_interleave(
+        t.shape[1] // heads, dim=1)[..., None, None]
     if base is None:
         return t * scale_4d
     return torch.addcmul(base, t, scale_4d)

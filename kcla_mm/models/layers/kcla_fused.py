@@ -119,8 +119,7 @@ def fused_forward(layer: 'KCLALayer',
     gate = torch.sigmoid(
         at_least_fp32(
             F.linear(
-                q_cos.to(layer.head_mix.weight.dtype),
-                layer.head_mix.weight)))
+                q_cos.to(layer.head_mix.weight.dtype), layer.head_mix.weight)))
 
     in_place = inplace and not torch.is_grad_enabled()
     if state is None:

@@ -118,8 +118,9 @@ class KCLALayer(BaseModule):
                                type='Xavier',
                                layer=['Conv1d', 'Linear'],
                                distribution='uniform'))):
-        super().__init__(init_cfg=list(init_cfg) if isinstance(
-            init_cfg, tuple) else init_cfg)
+        super().__init__(
+            init_cfg=list(init_cfg) if isinstance(init_cfg, tuple
+                                                  ) else init_cfg)
         check_branch_args(channels, head_dim, drop_path)
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f'implementation={implementation!r} must be one '
@@ -148,9 +149,10 @@ class KCLALayer(BaseModule):
         self.renorm = renorm
         if renorm:
             if state_channels != channels or state_stride != 1:
-                self.state_adapt = build_state_adapter(
-                    conv_cfg, state_channels, channels, state_stride,
-                    self.num_heads)
+                self.state_adapt = build_state_adapter(conv_cfg,
+                                                       state_channels,
+                                                       channels, state_stride,
+                                                       self.num_heads)
             else:
                 self.state_adapt = None
             self.state_norm = build_norm_layer(norm_cfg, channels)[1]
@@ -182,8 +184,8 @@ class KCLALayer(BaseModule):
         key_norm = torch.linalg.vector_norm(key, dim=2)
         # The clamp only guards K = 0.
         q_cos = (query * key).sum(2) / key_norm.clamp_min(1e-12)
-        phi = F.linear(q_cos.to(self.head_mix.weight.dtype),
-                       self.head_mix.weight)
+        phi = F.linear(
+            q_cos.to(self.head_mix.weight.dtype), self.head_mix.weight)
         return torch.sigmoid(at_least_fp32(phi))
 
     def renormalise(self, state: KCLAState) -> KCLAState:
@@ -201,8 +203,7 @@ class KCLALayer(BaseModule):
             a = self.state_adapt(a)
         a = self.state_norm(a)
         key = self.split_heads(
-            at_least_fp32(self.state_key_conv(spatial_mean(a)[:, None]))[:,
-                                                                          0])
+            at_least_fp32(self.state_key_conv(spatial_mean(a)[:, None]))[:, 0])
         z = self.layer_weight(torch.linalg.vector_norm(key, dim=2))
         u = (self.split_heads(a) * z[..., None, None, None]).flatten(1, 2)
         return KCLAState(u, z)

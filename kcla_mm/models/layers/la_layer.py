@@ -84,14 +84,15 @@ class LALayer(BaseModule):
                  drop_path: float = 0.2,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),
-                 init_cfg: Sequence[dict] = (dict(type='Kaiming',
-                                                  layer='Conv2d'),
+                 init_cfg: Sequence[dict] = (dict(
+                     type='Kaiming', layer='Conv2d'),
                                              dict(
                                                  type='Xavier',
                                                  layer='Conv1d',
                                                  distribution='uniform'))):
-        super().__init__(init_cfg=list(init_cfg) if isinstance(
-            init_cfg, tuple) else init_cfg)
+        super().__init__(
+            init_cfg=list(init_cfg) if isinstance(init_cfg, tuple
+                                                  ) else init_cfg)
         check_branch_args(channels, head_dim, drop_path)
         self.channels = channels
         self.head_dim = head_dim
@@ -106,9 +107,9 @@ class LALayer(BaseModule):
         self.norm = build_norm_layer(norm_cfg, channels)[1]
 
         if state_channels != channels or state_stride != 1:
-            self.state_adapt = build_state_adapter(
-                conv_cfg, state_channels, channels, state_stride,
-                self.num_heads)
+            self.state_adapt = build_state_adapter(conv_cfg, state_channels,
+                                                   channels, state_stride,
+                                                   self.num_heads)
             self.state_norm = build_norm_layer(norm_cfg, channels)[1]
             self.state_key_conv = eca_conv1d(channels)
         else:

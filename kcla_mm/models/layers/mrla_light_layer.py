@@ -74,14 +74,15 @@ class MRLALightLayer(BaseModule):
                  drop_path: float = 0.2,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),
-                 init_cfg: Sequence[dict] = (dict(type='Kaiming',
-                                                  layer='Conv2d'),
+                 init_cfg: Sequence[dict] = (dict(
+                     type='Kaiming', layer='Conv2d'),
                                              dict(
                                                  type='Xavier',
                                                  layer='Conv1d',
                                                  distribution='uniform'))):
-        super().__init__(init_cfg=list(init_cfg) if isinstance(
-            init_cfg, tuple) else init_cfg)
+        super().__init__(
+            init_cfg=list(init_cfg) if isinstance(init_cfg, tuple
+                                                  ) else init_cfg)
         check_branch_args(channels, head_dim, drop_path)
         self.channels = channels
         self.head_dim = head_dim
@@ -103,9 +104,9 @@ class MRLALightLayer(BaseModule):
                                  'state_channels or state_stride')
             self.state_adapt = None
         elif state_channels != channels or state_stride != 1:
-            self.state_adapt = build_state_adapter(
-                conv_cfg, state_channels, channels, state_stride,
-                self.num_heads)
+            self.state_adapt = build_state_adapter(conv_cfg, state_channels,
+                                                   channels, state_stride,
+                                                   self.num_heads)
             self.state_norm = build_norm_layer(norm_cfg, channels)[1]
         else:
             self.state_adapt = None
@@ -117,8 +118,7 @@ class MRLALightLayer(BaseModule):
         shape = (x.shape[0], self.num_heads, self.head_dim)
         query = self.query_conv(pooled).view(shape)
         key = self.key_conv(pooled).view(shape)
-        return torch.sigmoid(
-            (query * key).sum(2) / math.sqrt(self.head_dim))
+        return torch.sigmoid((query * key).sum(2) / math.sqrt(self.head_dim))
 
     def adapt(self, state: Tensor) -> Tensor:
         """O^{t-1} in this block's width and size."""
@@ -129,8 +129,8 @@ class MRLALightLayer(BaseModule):
     def forward(self, x: Tensor,
                 state: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """Returns the updated block output and O^t."""
-        out = head_scaled_add(None, self.gate(x).to(x.dtype),
-                              self.value_conv(x))
+        out = head_scaled_add(None,
+                              self.gate(x).to(x.dtype), self.value_conv(x))
         if state is not None:
             if self.decay is None:
                 raise ValueError('this layer was built with '

@@ -21,6 +21,15 @@ def _quiet_and_seeded():
     logger.setLevel(level)
 
 
+@pytest.fixture
+def float64():
+    """float64 as the default dtype, so that a difference between two
+    implementations is one of math, not of rounding."""
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
 @pytest.fixture(scope='session')
 def repo_root():
     return ROOT

@@ -53,8 +53,8 @@ class OfficialKCLA(nn.Module):
         self.head_att = nn.Linear(self.heads, self.heads, bias=False)
         seq = torch.exp(
             torch.linspace(
-                torch.log(torch.tensor(0.7)),
-                torch.log(torch.tensor(1 / 0.7)), self.heads))
+                torch.log(torch.tensor(0.7)), torch.log(torch.tensor(1 / 0.7)),
+                self.heads))
         self.norm_d = nn.Parameter(
             1 / seq.view(1, self.heads, 1, 1, 1), requires_grad=False)
 
@@ -87,10 +87,10 @@ class OfficialKCLA(nn.Module):
         v = self.Wv((u / (z + 1e-3)).reshape(b, c, h, w))
         k_norm = torch.norm(k, dim=2, keepdim=True)
         q_cos = (q * k).sum(2, keepdim=True) / k_norm  # ||Q|| cos(theta)
-        gate = torch.sigmoid(self.head_att(q_cos.view(b, g))).view(
-            b, g, 1, 1, 1)
-        out = F.relu(self.bn_attention((gate * v.view(b, g, d, h, w)).view(
-            b, c, h, w)))
+        gate = torch.sigmoid(self.head_att(q_cos.view(b,
+                                                      g))).view(b, g, 1, 1, 1)
+        out = F.relu(
+            self.bn_attention((gate * v.view(b, g, d, h, w)).view(b, c, h, w)))
         if self.training and self.drop_path > 0:
             keep = 1 - self.drop_path
             mask = torch.rand(b, 1, 1, 1).add_(keep).floor_()
@@ -188,12 +188,13 @@ def randomise_(model, seed=0):
                 # and fp32 rounding, not the math, dominates comparisons.
                 residual = '.bn3.' in name or 'bn_attention' in name
                 low = 0.1 if residual else 0.75
-                p.copy_(torch.rand(p.shape, generator=gen) * 0.25 +
-                        (low if name.endswith('weight') else -0.1))
+                p.copy_(
+                    torch.rand(p.shape, generator=gen) * 0.25 +
+                    (low if name.endswith('weight') else -0.1))
             else:
                 fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=gen) /
-                        math.sqrt(fan_in))
+                p.copy_(
+                    torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
         for name, buf in model.named_buffers():
             if name.endswith('running_mean'):
                 buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)

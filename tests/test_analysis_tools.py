@@ -1,6 +1,5 @@
 """tools/analysis: depth_scaling, layer_weights, key_similarity."""
 import csv
-import importlib.util
 import os.path as osp
 import re
 
@@ -15,19 +14,11 @@ from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
 from kcla_mm.models import KCLAResNet, MRLALightResNet
 from kcla_mm.torch_compat import has_mem_tracker
+from helpers import load_tool
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 KCLA_UNET = osp.join(ROOT, 'configs/kcla/unet_kcla-r18_isic2017-256x256.py')
 LA_UNET = osp.join(ROOT, 'configs/baselines/unet_la-r18_isic2017-256x256.py')
-
-
-def tool(name):
-    """A tool script as a module, so that its main() runs in-process."""
-    path = osp.join(ROOT, 'tools', 'analysis', f'{name}.py')
-    spec = importlib.util.spec_from_file_location(f'tool_{name}', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -39,7 +30,7 @@ def image(tmp_path):
 
 
 def test_depth_scaling_writes_csv_and_plot(tmp_path, capsys):
-    tool('depth_scaling').main([
+    load_tool('tools/analysis/depth_scaling.py').main([
         '--depths', '26', '50', '--base-channels', '8', '--head-dim', '8',
         '--size', '32', '--repeats', '1', '--warmup', '0', '--out-dir',
         str(tmp_path)
@@ -73,12 +64,13 @@ def test_depth_scaling_writes_csv_and_plot(tmp_path, capsys):
 
 def test_depth_scaling_refuses_depths_outside_the_plan():
     with pytest.raises(SystemExit):
-        tool('depth_scaling').parse_args(['--depths', '27'])
+        load_tool('tools/analysis/depth_scaling.py').parse_args(
+            ['--depths', '27'])
 
 
 def test_layer_weights_random_init_writes_plot(tmp_path, image, capsys):
     out = tmp_path / 'weights.png'
-    tool('layer_weights').main(
+    load_tool('tools/analysis/layer_weights.py').main(
         [KCLA_UNET, 'none', image, '--out',
          str(out), '--size', '48'])
     assert osp.getsize(out) > 10_000
@@ -101,7 +93,7 @@ def test_layer_weights_loads_a_training_checkpoint(tmp_path, image):
         },
         message_hub=dict(log_scalars={'loss': loss}))
     torch.save(ckpt, tmp_path / 'iter_1.pth')
-    lw = tool('layer_weights')
+    lw = load_tool('tools/analysis/layer_weights.py')
     lw.main([
         KCLA_UNET,
         str(tmp_path / 'iter_1.pth'), image, '--out',
@@ -117,7 +109,7 @@ def test_layer_weights_loads_a_training_checkpoint(tmp_path, image):
 
 def test_key_similarity_random_init_writes_plot(tmp_path, image, capsys):
     out = tmp_path / 'keys.png'
-    tool('key_similarity').main(
+    load_tool('tools/analysis/key_similarity.py').main(
         [LA_UNET, 'none', image, '--out',
          str(out), '--size', '48'])
     assert osp.getsize(out) > 10_000

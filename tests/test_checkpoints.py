@@ -1,6 +1,4 @@
 """Official checkpoint conversion and Pretrained init_cfg paths."""
-import os.path as osp
-import subprocess
 import sys
 
 import pytest
@@ -9,15 +7,17 @@ from mmdet.models.backbones import ResNet
 
 from kcla_mm.models import KCLAResNet
 from kcla_mm.models.official_checkpoint import official_to_mm_key
+from helpers import run
 from official_reference import OfficialKCLAResNet, randomise_
 
 
 def convert(repo_root, src, dst):
-    return subprocess.run(
-        [sys.executable,
-         osp.join(repo_root, 'tools/model_converters/kcla_official2mm.py'),
-         str(src), str(dst)],
-        capture_output=True, text=True)
+    return run(
+        sys.executable,
+        'tools/model_converters/kcla_official2mm.py',
+        src,
+        dst,
+        check=False)
 
 
 def save_official(model, path):
@@ -26,8 +26,10 @@ def save_official(model, path):
         dict(
             epoch=100,
             arch='resnet50_kcla',
-            state_dict={f'module.{k}': v
-                        for k, v in model.state_dict().items()},
+            state_dict={
+                f'module.{k}': v
+                for k, v in model.state_dict().items()
+            },
             best_acc1=torch.tensor(77.78),
             optimizer=torch.optim.SGD(model.parameters(),
                                       lr=0.1).state_dict()), path)
@@ -41,11 +43,14 @@ def test_converted_official_checkpoint_gives_the_same_features(
     result = convert(repo_root, tmp_path / 'official.pth.tar',
                      tmp_path / 'kcla.pth')
     assert result.returncode == 0, result.stderr
-    dropped = [line.split()[0] for line in result.stdout.splitlines()
-               if line.startswith('  ')]
-    unused = ['layer1.attention.0.adjust_channel.weight',
-              'layer1.attention.0.u_Wk.weight',
-              'layer1.attention.0.u_bn.weight']
+    dropped = [
+        line.split()[0] for line in result.stdout.splitlines()
+        if line.startswith('  ')
+    ]
+    unused = [
+        'layer1.attention.0.adjust_channel.weight',
+        'layer1.attention.0.u_Wk.weight', 'layer1.attention.0.u_bn.weight'
+    ]
     if depth == 101:
         unused.append('layer3.attention.11.adjust_channel.weight')
     assert set(['fc.weight', 'fc.bias'] + unused) <= set(dropped)
@@ -57,8 +62,8 @@ def test_converted_official_checkpoint_gives_the_same_features(
 
     model = KCLAResNet(
         depth=depth,
-        init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path /
-                                                        'kcla.pth')))
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(tmp_path / 'kcla.pth')))
     model.init_weights()
     model.eval()
     x = torch.rand(2, 3, 97, 131)
@@ -70,34 +75,28 @@ def test_converted_official_checkpoint_gives_the_same_features(
 
 
 def test_training_forward_and_gradients_match_official_float64(
-        tmp_path, repo_root):
-    torch.set_default_dtype(torch.float64)
-    try:
-        official = randomise_(OfficialKCLAResNet(50))
-        save_official(official, tmp_path / 'official.pth')
-        assert convert(repo_root, tmp_path / 'official.pth',
-                       tmp_path / 'kcla.pth').returncode == 0
-        model = KCLAResNet(depth=50, norm_eval=False, kcla_drop_path=0.)
-        model.load_state_dict(
-            torch.load(tmp_path / 'kcla.pth')['state_dict'])
-        official.train()
-        model.train()
-        x = torch.rand(2, 3, 65, 47)
-        want, got = official.stages(x), model(x)
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
-        sum((o * o).mean() for o in want).backward()
-        sum((o * o).mean() for o in got).backward()
-        params = dict(model.named_parameters())
-        for name, p in official.named_parameters():
-            if p.grad is None:  # fc and the never-used modules
-                continue
-            mine = params[official_to_mm_key(name)].grad
-            torch.testing.assert_close(
-                mine, p.grad.reshape(mine.shape), rtol=1e-7, atol=1e-12,
-                msg=name)
-    finally:
-        torch.set_default_dtype(torch.float32)
+        float64, tmp_path, repo_root):
+    official = randomise_(OfficialKCLAResNet(50))
+    save_official(official, tmp_path / 'official.pth')
+    assert convert(repo_root, tmp_path / 'official.pth',
+                   tmp_path / 'kcla.pth').returncode == 0
+    model = KCLAResNet(depth=50, norm_eval=False, kcla_drop_path=0.)
+    model.load_state_dict(torch.load(tmp_path / 'kcla.pth')['state_dict'])
+    official.train()
+    model.train()
+    x = torch.rand(2, 3, 65, 47)
+    want, got = official.stages(x), model(x)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    sum((o * o).mean() for o in want).backward()
+    sum((o * o).mean() for o in got).backward()
+    params = dict(model.named_parameters())
+    for name, p in official.named_parameters():
+        if p.grad is None:  # fc and the never-used modules
+            continue
+        mine = params[official_to_mm_key(name)].grad
+        torch.testing.assert_close(
+            mine, p.grad.reshape(mine.shape), rtol=1e-7, atol=1e-12, msg=name)
 
 
 def test_converter_rejects_other_files(tmp_path, repo_root):
@@ -127,8 +126,8 @@ def test_plain_resnet_weights_load_with_only_kcla_keys_missing(tmp_path):
     torch.save(state, tmp_path / 'resnet50.pth')
     model = KCLAResNet(
         depth=50,
-        init_cfg=dict(type='Pretrained',
-                      checkpoint=str(tmp_path / 'resnet50.pth')))
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(tmp_path / 'resnet50.pth')))
     model.init_weights()
     ours = model.state_dict()
     missing = set(ours) - set(state)
@@ -143,14 +142,22 @@ def test_pretrained_with_prefix_from_a_detector_checkpoint(tmp_path):
     source = KCLAResNet(depth=18, head_dim=32)
     source.init_weights()
     torch.save(
-        {'state_dict': {f'backbone.{k}': v
-                        for k, v in source.state_dict().items()},
-         'meta': {'note': 'detector'}}, tmp_path / 'det.pth')
+        {
+            'state_dict': {
+                f'backbone.{k}': v
+                for k, v in source.state_dict().items()
+            },
+            'meta': {
+                'note': 'detector'
+            }
+        }, tmp_path / 'det.pth')
     model = KCLAResNet(
         depth=18,
         head_dim=32,
-        init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'det.pth'),
-                      prefix='backbone.'))
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint=str(tmp_path / 'det.pth'),
+            prefix='backbone.'))
     model.init_weights()
     for key, value in source.state_dict().items():
         assert torch.equal(model.state_dict()[key], value), key

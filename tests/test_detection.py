@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
+
+from helpers import output_of
 
 CLASSES = '(circle,rectangle,triangle)'
 CONFIGS = {
@@ -23,10 +24,13 @@ CONFIGS = {
 @pytest.fixture(scope='module')
 def coco_root(tmp_path_factory, repo_root):
     root = tmp_path_factory.mktemp('synthetic_coco')
-    subprocess.run(
-        [sys.executable, 'tools/misc/make_synthetic_coco.py', str(root),
-         '--train', '2', '--val', '2', '--size', '96', '--seed', '1'],
-        check=True, capture_output=True, cwd=repo_root)
+    subprocess.run([
+        sys.executable, 'tools/misc/make_synthetic_coco.py',
+        str(root), '--train', '2', '--val', '2', '--size', '96', '--seed', '1'
+    ],
+                   check=True,
+                   capture_output=True,
+                   cwd=repo_root)
     return root
 
 
@@ -34,35 +38,36 @@ def synthetic_options(coco_root, *extra, small_backbone=False, mask=False):
     """--cfg-options that point a COCO config at the synthetic set (3
     classes) and shrink images; the model is the config's own unless
     small_backbone."""
-    opts = [f'data_root={coco_root}', 'model.backbone.init_cfg=None',
-            'model.roi_head.bbox_head.num_classes=3',
-            'train_cfg.max_epochs=1', 'default_hooks.logger.interval=1',
-            # an untrained model scores far below mmdet's 0.05
-            'model.test_cfg.rcnn.score_thr=0.0',
-            'train_dataloader.batch_size=2']
+    opts = [
+        f'data_root={coco_root}',
+        'model.backbone.init_cfg=None',
+        'model.roi_head.bbox_head.num_classes=3',
+        'train_cfg.max_epochs=1',
+        'default_hooks.logger.interval=1',
+        # an untrained model scores far below mmdet's 0.05
+        'model.test_cfg.rcnn.score_thr=0.0',
+        'train_dataloader.batch_size=2'
+    ]
     for loader in ('train', 'val', 'test'):
-        opts += [f'{loader}_dataloader.num_workers=0',
-                 f'{loader}_dataloader.persistent_workers=False',
-                 f'{loader}_dataloader.dataset.metainfo.classes={CLASSES}']
-    opts += ['train_dataloader.dataset.pipeline.2.scale=(96,96)',
-             'val_dataloader.dataset.pipeline.1.scale=(96,96)',
-             'test_dataloader.dataset.pipeline.1.scale=(96,96)']
+        opts += [
+            f'{loader}_dataloader.num_workers=0',
+            f'{loader}_dataloader.persistent_workers=False',
+            f'{loader}_dataloader.dataset.metainfo.classes={CLASSES}'
+        ]
+    opts += [
+        'train_dataloader.dataset.pipeline.2.scale=(96,96)',
+        'val_dataloader.dataset.pipeline.1.scale=(96,96)',
+        'test_dataloader.dataset.pipeline.1.scale=(96,96)'
+    ]
     if mask:
         opts.append('model.roi_head.mask_head.num_classes=3')
     if small_backbone:
-        opts += ['model.backbone.depth=18', 'model.backbone.base_channels=16',
-                 'model.backbone.head_dim=16',
-                 'model.neck.in_channels=[16,32,64,128]']
+        opts += [
+            'model.backbone.depth=18', 'model.backbone.base_channels=16',
+            'model.backbone.head_dim=16',
+            'model.neck.in_channels=[16,32,64,128]'
+        ]
     return ['--cfg-options', *opts, *extra]
-
-
-def run(repo_root, *args, env=None, timeout=900):
-    result = subprocess.run(
-        list(args), cwd=repo_root, capture_output=True, text=True,
-        env=env, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[
-        -3000:]
-    return result.stdout + result.stderr
 
 
 def metrics(log, prefix):
@@ -76,9 +81,9 @@ def metrics(log, prefix):
 def test_config_trains_one_iteration_and_tests(name, coco_root, tmp_path,
                                                repo_root):
     config = CONFIGS[name]
-    log = run(repo_root, sys.executable, 'tools/train.py', config,
-              '--work-dir', str(tmp_path),
-              *synthetic_options(coco_root, mask=name.startswith('mask')))
+    log = output_of(
+        sys.executable, 'tools/train.py', config, '--work-dir', str(tmp_path),
+        *synthetic_options(coco_root, mask=name.startswith('mask')))
     assert 'Epoch(train) [1][1/1]' in log
     # The real depth of the config, not a small stand-in.
     depth = 101 if 'r101' in name else 50
@@ -87,9 +92,10 @@ def test_config_trains_one_iteration_and_tests(name, coco_root, tmp_path,
     checkpoint = tmp_path / 'epoch_1.pth'
     assert checkpoint.is_file()
 
-    log = run(repo_root, sys.executable, 'tools/test.py', config,
-              str(checkpoint), '--work-dir', str(tmp_path),
-              *synthetic_options(coco_root, mask=name.startswith('mask')))
+    log = output_of(
+        sys.executable, 'tools/test.py', config, str(checkpoint), '--work-dir',
+        str(tmp_path),
+        *synthetic_options(coco_root, mask=name.startswith('mask')))
     found = metrics(log, 'coco')
     assert 'coco/bbox_mAP' in found and 'coco/bbox_mAP_50' in found
     if name.startswith('mask'):
@@ -98,28 +104,38 @@ def test_config_trains_one_iteration_and_tests(name, coco_root, tmp_path,
 
 def test_resume_continues_at_the_right_iteration_with_weights_only(
         coco_root, tmp_path, repo_root):
-    from kcla_mm.utils.checkpoint_safety import allow_mmengine_checkpoint_types
     from kcla_mm.torch_compat import load_checkpoint_file
+    from kcla_mm.utils.checkpoint_safety import allow_mmengine_checkpoint_types
     config = CONFIGS['faster-r50']
     opts = synthetic_options(coco_root, small_backbone=True)
-    run(repo_root, sys.executable, 'tools/train.py', config, '--work-dir',
-        str(tmp_path), *opts)
+    output_of(sys.executable, 'tools/train.py', config, '--work-dir',
+              str(tmp_path), *opts)
     checkpoint = tmp_path / 'epoch_1.pth'
 
     # The checkpoint really needs the allow-list: plain weights_only fails.
-    plain = subprocess.run(
-        [sys.executable, '-c',
-         f'import torch; torch.load({str(checkpoint)!r}, weights_only=True)'],
-        capture_output=True, text=True)
+    plain = subprocess.run([
+        sys.executable, '-c',
+        f'import torch; torch.load({str(checkpoint)!r}, weights_only=True)'
+    ],
+                           capture_output=True,
+                           text=True)
     # torch 2.13 says "Unsupported global", torch 2.1 "Unsupported class".
     assert plain.returncode != 0
     assert re.search('Unsupported (global|class)', plain.stderr)
 
     env = dict(os.environ)
     env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)
-    log = run(repo_root, sys.executable, 'tools/train.py', config,
-              '--work-dir', str(tmp_path), '--resume', str(checkpoint),
-              *opts, 'train_cfg.max_epochs=2', env=env)
+    log = output_of(
+        sys.executable,
+        'tools/train.py',
+        config,
+        '--work-dir',
+        str(tmp_path),
+        '--resume',
+        str(checkpoint),
+        *opts,
+        'train_cfg.max_epochs=2',
+        env=env)
     assert 'resumed epoch: 1, iter: 1' in log
     assert 'Epoch(train) [2][1/1]' in log
     assert 'Epoch(train) [1][1/1]' not in log
@@ -129,9 +145,11 @@ def test_resume_continues_at_the_right_iteration_with_weights_only(
     assert resumed['meta']['iter'] == 2 and resumed['meta']['epoch'] == 2
     assert 'message_hub' in resumed and 'optimizer' in resumed
 
+
 def test_allow_list_refuses_other_getattr():
-    from kcla_mm.utils.checkpoint_safety import _history_buffer_getattr
     from mmengine.logging import HistoryBuffer
+
+    from kcla_mm.utils.checkpoint_safety import _history_buffer_getattr
     assert _history_buffer_getattr(HistoryBuffer, 'min') is HistoryBuffer.min
     with pytest.raises(Exception, match='only HistoryBuffer'):
         _history_buffer_getattr(os, 'system')
@@ -146,11 +164,20 @@ def free_port():
 
 
 def test_dist_train_two_cpu_processes(coco_root, tmp_path, repo_root):
-    env = dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable,
-               OMP_NUM_THREADS='1')
-    log = run(repo_root, 'bash', 'tools/dist_train.sh', CONFIGS['faster-r50'],
-              '2', '--work-dir', str(tmp_path),
-              *synthetic_options(coco_root, small_backbone=True), env=env)
+    env = dict(
+        os.environ,
+        PORT=str(free_port()),
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS='1')
+    log = output_of(
+        'bash',
+        'tools/dist_train.sh',
+        CONFIGS['faster-r50'],
+        '2',
+        '--work-dir',
+        str(tmp_path),
+        *synthetic_options(coco_root, small_backbone=True),
+        env=env)
     assert "dist_cfg: {'backend': 'gloo'}" in log
     # mmengine's wording for the world size
     assert 'Distributed training: True' in log and 'GPU number: 2' in log
@@ -163,12 +190,16 @@ def test_dist_train_two_cpu_processes(coco_root, tmp_path, repo_root):
 
 def test_missing_backbone_checkpoint_fails_before_data_loading(
         tmp_path, repo_root):
-    result = subprocess.run(
-        [sys.executable, 'tools/train.py', CONFIGS['faster-r50'],
-         '--work-dir', str(tmp_path), '--cfg-options',
-         f'data_root={tmp_path}/no_such_dataset',
-         'model.backbone.init_cfg.checkpoint=checkpoints/missing.pth'],
-        cwd=repo_root, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([
+        sys.executable, 'tools/train.py', CONFIGS['faster-r50'], '--work-dir',
+        str(tmp_path), '--cfg-options',
+        f'data_root={tmp_path}/no_such_dataset',
+        'model.backbone.init_cfg.checkpoint=checkpoints/missing.pth'
+    ],
+                            cwd=repo_root,
+                            capture_output=True,
+                            text=True,
+                            timeout=300)
     assert result.returncode != 0
     assert ("model.backbone.init_cfg.checkpoint='checkpoints/missing.pth' "
             'does not exist') in result.stderr
@@ -180,23 +211,23 @@ def test_missing_backbone_checkpoint_fails_before_data_loading(
 
 def test_infer_draws_predictions(coco_root, tmp_path, repo_root):
     config = CONFIGS['mask-r50']
-    run(repo_root, sys.executable, 'tools/train.py', config, '--work-dir',
-        str(tmp_path), *synthetic_options(coco_root, small_backbone=True,
-                                          mask=True))
+    output_of(sys.executable, 'tools/train.py', config, '--work-dir',
+              str(tmp_path),
+              *synthetic_options(coco_root, small_backbone=True, mask=True))
     image = sorted((coco_root / 'val2017').iterdir())[0]
     out_dir = tmp_path / 'infer'
     # A training checkpoint (weights_only with the allow-list), mmdet's
     # DetInferencer behind tools/infer.py.
-    log = run(repo_root, sys.executable, 'tools/infer.py', str(image),
-              config, '--weights', str(tmp_path / 'epoch_1.pth'),
-              '--out-dir', str(out_dir), '--pred-score-thr', '0',
-              '--cfg-options',
-              'model.backbone.depth=18', 'model.backbone.base_channels=16',
-              'model.backbone.head_dim=16',
-              'model.neck.in_channels=[16,32,64,128]',
-              'model.roi_head.bbox_head.num_classes=3',
-              'model.roi_head.mask_head.num_classes=3',
-              'model.test_cfg.rcnn.score_thr=0.0')
+    log = output_of(sys.executable, 'tools/infer.py', str(image), config,
+                    '--weights', str(tmp_path / 'epoch_1.pth'), '--out-dir',
+                    str(out_dir), '--pred-score-thr', '0', '--cfg-options',
+                    'model.backbone.depth=18',
+                    'model.backbone.base_channels=16',
+                    'model.backbone.head_dim=16',
+                    'model.neck.in_channels=[16,32,64,128]',
+                    'model.roi_head.bbox_head.num_classes=3',
+                    'model.roi_head.mask_head.num_classes=3',
+                    'model.test_cfg.rcnn.score_thr=0.0')
     drawn = out_dir / 'vis' / image.name
     assert drawn.is_file() and drawn.stat().st_size > 1000
     predictions = json.load(open(out_dir / 'preds' / f'{image.stem}.json'))
@@ -207,14 +238,15 @@ def test_infer_draws_predictions(coco_root, tmp_path, repo_root):
 def test_synthetic_coco_reads_with_stock_cocodataset(coco_root):
     from mmdet.datasets import CocoDataset
     ann = json.load(open(coco_root / 'annotations/instances_train2017.json'))
-    assert [c['name'] for c in ann['categories']] == [
-        'circle', 'rectangle', 'triangle']
+    assert [c['name']
+            for c in ann['categories']] == ['circle', 'rectangle', 'triangle']
     dataset = CocoDataset(
         data_root=str(coco_root),
         ann_file='annotations/instances_train2017.json',
         data_prefix=dict(img='train2017/'),
         metainfo=dict(classes=('circle', 'rectangle', 'triangle')),
-        pipeline=[], test_mode=True)
+        pipeline=[],
+        test_mode=True)
     assert len(dataset) == 2
     instances = [i for item in dataset for i in item['instances']]
     assert instances and all(

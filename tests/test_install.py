@@ -13,12 +13,17 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+# Checks of the installed environment rather than of kcla_mm's code: in an
+# environment other than the two locked stacks, `pytest -m "not env"`.
+pytestmark = pytest.mark.env
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 STACKS = ('main', 'torch21')
 
 
 def read_lock(stack):
-    """``{name: version}`` of the ``==`` pins of requirements/lock-STACK.txt."""
+    """``{name: version}`` of the ``==`` pins of
+    requirements/lock-STACK.txt."""
     pins = {}
     with open(osp.join(ROOT, 'requirements', f'lock-{stack}.txt')) as f:
         for line in f:
@@ -68,17 +73,21 @@ def test_library_requirements_are_ranges_that_admit_both_stacks():
     requires = [Requirement(r) for r in metadata.requires('kcla_mm')]
     runtime = [r for r in requires if r.marker is None]
     names = {r.name for r in runtime}
-    assert {'torch', 'mmengine', 'mmcv', 'mmdet', 'mmsegmentation',
-            'numpy', 'pycocotools'} <= names
+    assert {
+        'torch', 'mmengine', 'mmcv', 'mmdet', 'mmsegmentation', 'numpy',
+        'pycocotools'
+    } <= names
     assert 'setuptools' not in names
-    assert not [r for r in runtime
-                if any(s.operator == '==' for s in r.specifier)]
+    assert not [
+        r for r in runtime if any(s.operator == '==' for s in r.specifier)
+    ]
     assert metadata.metadata('kcla_mm')['Requires-Python'] == '>=3.8'
     for stack in STACKS:
         lock = read_lock(stack)
-        refused = [f'{r} refuses {lock[r.name]}' for r in runtime
-                   if not r.specifier.contains(lock[r.name],
-                                               prereleases=True)]
+        refused = [
+            f'{r} refuses {lock[r.name]}' for r in runtime
+            if not r.specifier.contains(lock[r.name], prereleases=True)
+        ]
         assert not refused, f'{stack}: {refused}'
 
 
@@ -96,16 +105,19 @@ def test_mmcv_compiled_ops_run_on_cpu():
 
 
 def test_rerunning_setup_changes_nothing():
+
     def freeze():
-        return subprocess.run(
-            [sys.executable, '-m', 'pip', 'freeze'], capture_output=True,
-            text=True, check=True).stdout
+        return subprocess.run([sys.executable, '-m', 'pip', 'freeze'],
+                              capture_output=True,
+                              text=True,
+                              check=True).stdout
 
     stack = running_stack()
     before = freeze()
     result = subprocess.run(
         ['bash', osp.join(ROOT, 'scripts/setup_venv.sh'), stack],
-        capture_output=True, text=True)
+        capture_output=True,
+        text=True)
     assert result.returncode == 0, result.stderr
     assert 'nothing to do' in result.stdout
     assert freeze() == before
@@ -114,18 +126,21 @@ def test_rerunning_setup_changes_nothing():
 def test_setup_refuses_an_unknown_stack():
     result = subprocess.run(
         ['bash', osp.join(ROOT, 'scripts/setup_venv.sh'), 'torch3'],
-        capture_output=True, text=True)
+        capture_output=True,
+        text=True)
     assert result.returncode == 2
     assert "unknown stack 'torch3'" in result.stderr
 
 
 def vermin(*paths):
     # vermin has no __main__: its console script sits beside the interpreter.
-    return subprocess.run(
-        [osp.join(osp.dirname(sys.executable), 'vermin'), '-t=3.8-',
-         '--no-tips',
-         '--violations', '--eval-annotations', *paths],
-        capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run([
+        osp.join(osp.dirname(sys.executable), 'vermin'), '-t=3.8-',
+        '--no-tips', '--violations', '--eval-annotations', *paths
+    ],
+                          capture_output=True,
+                          text=True,
+                          cwd=ROOT)
 
 
 def test_package_and_tools_run_on_python_3_8():
@@ -133,11 +148,13 @@ def test_package_and_tools_run_on_python_3_8():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize('code', [
-    'x = "a.pth".removesuffix(".pth")\n',  # 3.9
-    'def f(x: list[int]) -> None:\n    pass\n',  # 3.9 in annotations
-    'match 1:\n    case _:\n        pass\n',  # 3.10
-])
+@pytest.mark.parametrize(
+    'code',
+    [
+        'x = "a.pth".removesuffix(".pth")\n',  # 3.9
+        'def f(x: list[int]) -> None:\n    pass\n',  # 3.9 in annotations
+        'match 1:\n    case _:\n        pass\n',  # 3.10
+    ])
 def test_vermin_check_catches_newer_python(tmp_path, code):
     (tmp_path / 'newer.py').write_text(code)
     result = vermin(str(tmp_path))
@@ -149,17 +166,29 @@ def test_wheel_installs_into_this_stack_and_replaces_nothing(tmp_path):
     what is installed, so pip would add kcla_mm and touch nothing else
     (with exact pins it would have replaced torch, breaking mmcv's ops)."""
     source = tmp_path / 'src'
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        '.git', '.venv*', '.mim', 'work_dirs', 'data', 'build', 'dist',
-        '*.egg-info', '__pycache__', '.pytest_cache'))
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns('.git', '.venv*', '.mim', 'work_dirs',
+                                      'data', 'build', 'dist', '*.egg-info',
+                                      '__pycache__', '.pytest_cache'))
     pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check']
-    subprocess.run(pip + ['wheel', '-q', '--no-deps', '--no-build-isolation',
-                          '-w', str(tmp_path / 'dist'), str(source)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        pip + [
+            'wheel', '-q', '--no-deps', '--no-build-isolation', '-w',
+            str(tmp_path / 'dist'),
+            str(source)
+        ],
+        check=True,
+        capture_output=True)
     (wheel, ) = (tmp_path / 'dist').glob('kcla_mm-*.whl')
     result = subprocess.run(
-        pip + ['install', '--dry-run', '--no-index', '--quiet', '--report',
-               '-', str(wheel)], capture_output=True, text=True)
+        pip + [
+            'install', '--dry-run', '--no-index', '--quiet', '--report', '-',
+            str(wheel)
+        ],
+        capture_output=True,
+        text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert [i['metadata']['name'] for i in report['install']] == ['kcla_mm']
@@ -170,8 +199,11 @@ def check_mmcv(stack, pythonpath=None):
     if pythonpath:
         env['PYTHONPATH'] = str(pythonpath)
     return subprocess.run(
-        [sys.executable, osp.join(ROOT, 'scripts/check_mmcv.py'), stack],
-        capture_output=True, text=True, env=env)
+        [sys.executable,
+         osp.join(ROOT, 'scripts/check_mmcv.py'), stack],
+        capture_output=True,
+        text=True,
+        env=env)
 
 
 def test_setup_check_passes_the_installed_mmcv():
@@ -179,24 +211,26 @@ def test_setup_check_passes_the_installed_mmcv():
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize('error, cause', [
-    # What the loader raised for an mmcv built against torch 2.1.2 under
-    # torch 2.13 (a wheel from pip's cache).
-    ('ImportError("/x/mmcv/_ext.cpython-311-x86_64-linux-gnu.so: undefined '
-     'symbol: _ZN2at4_ops10zeros_like4callE")',
-     'compiled against another torch than the installed'),
-    ('ModuleNotFoundError("No module named \'mmcv._ext\'")',
-     'built without its ops'),
-])
-def test_setup_check_names_the_cause_of_broken_mmcv_ops(tmp_path, error,
-                                                         cause):
+@pytest.mark.parametrize(
+    'error, cause',
+    [
+        # What the loader raised for an mmcv built against torch 2.1.2 under
+        # torch 2.13 (a wheel from pip's cache).
+        ('ImportError("/x/mmcv/_ext.cpython-311-x86_64-linux-gnu.so: '
+         'undefined symbol: _ZN2at4_ops10zeros_like4callE")',
+         'compiled against another torch than the installed'),
+        ('ModuleNotFoundError("No module named \'mmcv._ext\'")',
+         'built without its ops'),
+    ])
+def test_setup_check_names_the_cause_of_broken_mmcv_ops(
+        tmp_path, error, cause):
     # An mmcv whose extension loader fails as the real one does.
     utils = tmp_path / 'mmcv' / 'utils'
     utils.mkdir(parents=True)
     (tmp_path / 'mmcv' / '__init__.py').write_text('')
     (utils / '__init__.py').write_text('')
-    (utils / 'ext_loader.py').write_text(
-        f'def load_ext(name, funcs):\n    raise {error}\n')
+    (utils / 'ext_loader.py'
+     ).write_text(f'def load_ext(name, funcs):\n    raise {error}\n')
     result = check_mmcv('torch21', pythonpath=tmp_path)
     assert result.returncode == 1
     assert cause in result.stderr

@@ -7,20 +7,27 @@ import torch
 from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.attention_branch import eca_kernel_size
 from kcla_mm.models.layers.kcla_layer import head_temperatures
+from helpers import assert_close_to_max
 from official_reference import OfficialKCLA, randomise_
 
 OFFICIAL_TO_MM = {
-    'Wq': 'query_conv', 'Wk': 'key_conv', 'Wv': 'value_conv',
-    'head_att': 'head_mix', 'bn_attention': 'norm',
-    'adjust_channel': 'state_adapt', 'u_Wk': 'state_key_conv',
+    'Wq': 'query_conv',
+    'Wk': 'key_conv',
+    'Wv': 'value_conv',
+    'head_att': 'head_mix',
+    'bn_attention': 'norm',
+    'adjust_channel': 'state_adapt',
+    'u_Wk': 'state_key_conv',
     'u_bn': 'state_norm'
 }
 
 
-def paired_layers(channels, renorm, state_channels=None, stride=1,
+def paired_layers(channels,
+                  renorm,
+                  state_channels=None,
+                  stride=1,
                   implementation='fused'):
-    ref = randomise_(OfficialKCLA(channels, init_layer=renorm,
-                                  stride=stride))
+    ref = randomise_(OfficialKCLA(channels, init_layer=renorm, stride=stride))
     ours = KCLALayer(
         channels,
         state_channels=state_channels,
@@ -43,8 +50,9 @@ def paired_layers(channels, renorm, state_channels=None, stride=1,
 
 def test_temperatures_and_kernel_size_follow_the_official_definition():
     tau = head_temperatures(4, (0.7, 1 / 0.7))
-    seq = torch.exp(torch.linspace(torch.log(torch.tensor(0.7)),
-                                   torch.log(torch.tensor(1 / 0.7)), 4))
+    seq = torch.exp(
+        torch.linspace(
+            torch.log(torch.tensor(0.7)), torch.log(torch.tensor(1 / 0.7)), 4))
     assert torch.equal(tau, 1 / seq)
     assert tau[0] == pytest.approx(1 / 0.7) and tau[-1] == pytest.approx(0.7)
     # ECA: t = int(|(log2 C + 1) / 2|), made odd
@@ -55,64 +63,63 @@ def test_temperatures_and_kernel_size_follow_the_official_definition():
 @pytest.mark.parametrize('implementation', ['reference', 'fused'])
 @pytest.mark.parametrize('mode', ['train', 'eval'])
 @pytest.mark.parametrize('case', ['first', 'carry', 'adapt', 'renorm'])
-def test_layer_matches_official_equations_float64(mode, case,
+def test_layer_matches_official_equations_float64(float64, mode, case,
                                                   implementation):
     """Forward and backward of one layer, in float64 so that any difference
     is a difference of math, not of rounding."""
-    torch.set_default_dtype(torch.float64)
-    try:
-        c, n, h, w = 256, 3, 9, 7
-        if case == 'adapt':  # width 128 -> 256, size 17x13 -> 9x7
-            ref, ours = paired_layers(c, True, state_channels=128, stride=2,
-                                      implementation=implementation)
-            u0 = torch.rand(n, 2, 64, 17, 13) * 5
-            z0 = torch.rand(n, 2, 1, 1, 1) + 0.5
-        else:
-            ref, ours = paired_layers(c, case == 'renorm',
-                                      implementation=implementation)
-            u0 = torch.rand(n, 4, 64, h, w) * 5
-            z0 = torch.rand(n, 4, 1, 1, 1) + 0.5
-        ref.train(mode == 'train')
-        ours.train(mode == 'train')
-        x = torch.rand(n, c, h, w, requires_grad=True)
-        u0.requires_grad_()
-        z0.requires_grad_()
-        if case == 'first':
-            u0 = z0 = None
-        y_ref, u_ref, z_ref = ref(x, u0, z0)
-        state = None if u0 is None else KCLAState(
-            u0.flatten(1, 2), z0.flatten(1))
-        y, new_state = ours(x, state)
-        torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(new_state.u, u_ref.flatten(1, 2),
-                                   rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(new_state.z, z_ref.flatten(1),
-                                   rtol=1e-10, atol=1e-10)
+    c, n, h, w = 256, 3, 9, 7
+    if case == 'adapt':  # width 128 -> 256, size 17x13 -> 9x7
+        ref, ours = paired_layers(
+            c,
+            True,
+            state_channels=128,
+            stride=2,
+            implementation=implementation)
+        u0 = torch.rand(n, 2, 64, 17, 13) * 5
+        z0 = torch.rand(n, 2, 1, 1, 1) + 0.5
+    else:
+        ref, ours = paired_layers(
+            c, case == 'renorm', implementation=implementation)
+        u0 = torch.rand(n, 4, 64, h, w) * 5
+        z0 = torch.rand(n, 4, 1, 1, 1) + 0.5
+    ref.train(mode == 'train')
+    ours.train(mode == 'train')
+    x = torch.rand(n, c, h, w, requires_grad=True)
+    u0.requires_grad_()
+    z0.requires_grad_()
+    if case == 'first':
+        u0 = z0 = None
+    y_ref, u_ref, z_ref = ref(x, u0, z0)
+    state = None if u0 is None else KCLAState(u0.flatten(1, 2), z0.flatten(1))
+    y, new_state = ours(x, state)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        new_state.u, u_ref.flatten(1, 2), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        new_state.z, z_ref.flatten(1), rtol=1e-10, atol=1e-10)
 
-        grads = [torch.randn_like(t) for t in (y_ref, u_ref, z_ref)]
-        inputs = [x] + ([] if u0 is None else [u0, z0])
-        ref_params = [p for p in ref.parameters() if p.requires_grad]
-        g_ref = torch.autograd.grad((y_ref, u_ref, z_ref),
-                                    inputs + ref_params, grads,
-                                    allow_unused=True)
-        g = torch.autograd.grad(
-            (y, new_state.u, new_state.z), inputs + list(ours.parameters()),
-            (grads[0], grads[1].flatten(1, 2), grads[2].flatten(1)))
-        for a, b in zip(g[:len(inputs)], g_ref[:len(inputs)]):
-            torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
-        ref_grads = {
-            name: grad
-            for (name, p), grad in zip(
-                [(k, p) for k, p in ref.named_parameters() if p.requires_grad],
-                g_ref[len(inputs):])
-        }
-        for (name, p), grad in zip(ours.named_parameters(), g[len(inputs):]):
-            module, _, rest = name.partition('.')
-            official = {v: k for k, v in OFFICIAL_TO_MM.items()}[module]
-            torch.testing.assert_close(
-                grad, ref_grads[f'{official}.{rest}'], rtol=1e-8, atol=1e-10)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    grads = [torch.randn_like(t) for t in (y_ref, u_ref, z_ref)]
+    inputs = [x] + ([] if u0 is None else [u0, z0])
+    ref_params = [p for p in ref.parameters() if p.requires_grad]
+    g_ref = torch.autograd.grad((y_ref, u_ref, z_ref),
+                                inputs + ref_params,
+                                grads,
+                                allow_unused=True)
+    g = torch.autograd.grad(
+        (y, new_state.u, new_state.z), inputs + list(ours.parameters()),
+        (grads[0], grads[1].flatten(1, 2), grads[2].flatten(1)))
+    for a, b in zip(g[:len(inputs)], g_ref[:len(inputs)]):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    ref_grads = {
+        name: grad
+        for (name, p), grad in zip([(k, p) for k, p in ref.named_parameters()
+                                    if p.requires_grad], g_ref[len(inputs):])
+    }
+    for (name, p), grad in zip(ours.named_parameters(), g[len(inputs):]):
+        module, _, rest = name.partition('.')
+        official = {v: k for k, v in OFFICIAL_TO_MM.items()}[module]
+        torch.testing.assert_close(
+            grad, ref_grads[f'{official}.{rest}'], rtol=1e-8, atol=1e-10)
 
 
 def test_only_used_modules_are_built():
@@ -165,7 +172,8 @@ def test_channels_last_keeps_its_format_and_values(case, mode, n):
     if case != 'first':
         c_in, size = (128, (17, 13)) if case == 'adapt' else (256, (9, 7))
         state = KCLAState(
-            torch.rand(n, c_in, *size) * 5, torch.rand(n, c_in // 64) + 0.5)
+            torch.rand(n, c_in, *size) * 5,
+            torch.rand(n, c_in // 64) + 0.5)
     channels_last = torch.channels_last
 
     def run(memory_format):
@@ -177,9 +185,8 @@ def test_channels_last_keeps_its_format_and_values(case, mode, n):
             y, new_state = layer(inputs, layer_state)
         grads = None
         if mode != 'no_grad':
-            grads = torch.autograd.grad(
-                (y * y).sum() + new_state.u.sum(),
-                [inputs] + list(layer.parameters()))
+            grads = torch.autograd.grad((y * y).sum() + new_state.u.sum(),
+                                        [inputs] + list(layer.parameters()))
         return y, new_state, grads
 
     y_ref, state_ref, grads_ref = run(torch.contiguous_format)
@@ -194,5 +201,4 @@ def test_channels_last_keeps_its_format_and_values(case, mode, n):
     if grads is not None:
         pairs += [(ours, ref, 1e-4) for ours, ref in zip(grads, grads_ref)]
     for ours, ref, tol in pairs:
-        torch.testing.assert_close(
-            ours, ref, rtol=1e-4, atol=tol * ref.abs().max().item())
+        assert_close_to_max(ours, ref, tol, rtol=1e-4)

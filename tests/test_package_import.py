@@ -31,24 +31,32 @@ print(json.dumps(dict(
 
 def run_probe(code: str, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *flags, '-c', code],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True,
+                          text=True,
+                          check=True)
 
 
 def test_import_registers_everything_and_loads_only_kcla_mm():
     out = json.loads(run_probe(PROBE).stdout.splitlines()[-1])
-    assert out['det'] == ['KCLAResNet', 'LAResNet', 'MRLALightResNet',
-                          'MRLALResNet']
-    assert out['seg'] == ['KCLAResNet', 'LAResNet', 'MRLALightResNet',
-                          'MRLALResNet', 'UNetHead']
-    assert out['datasets'] == ['ISIC2017Dataset', 'ISIC2018Dataset',
-                               'KvasirSEGDataset']
+    assert out['det'] == [
+        'KCLAResNet', 'LAResNet', 'MRLALightResNet', 'MRLALResNet'
+    ]
+    assert out['seg'] == [
+        'KCLAResNet', 'LAResNet', 'MRLALightResNet', 'MRLALResNet', 'UNetHead'
+    ]
+    assert out['datasets'] == [
+        'ISIC2017Dataset', 'ISIC2018Dataset', 'KvasirSEGDataset'
+    ]
     assert out['metrics'] == ['ForegroundIoUMetric']
     # Beyond what registration needs, only kcla_mm's own registering
     # modules: no inferencers (mmdet.apis, mmseg.apis), model zoo, analysis.
     foreign = [m for m in out['new'] if not m.startswith('kcla_mm')]
     assert foreign == []
-    lazy = [m for m in out['new'] if m.startswith(
-        ('kcla_mm.apis', 'kcla_mm.model_zoo', 'kcla_mm.analysis'))]
+    lazy = [
+        m for m in out['new']
+        if m.startswith(('kcla_mm.apis', 'kcla_mm.model_zoo',
+                         'kcla_mm.analysis'))
+    ]
     assert lazy == []
 
 

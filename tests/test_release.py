@@ -20,6 +20,8 @@ import pytest
 import torch
 import yaml
 
+from helpers import load_tool, run
+
 DEMO_CONFIG = 'configs/kcla/demo/faster-rcnn_kcla-r18_fpn_synthetic-coco.py'
 SEG_CONFIG = 'configs/kcla/unet_kcla-r18_isic2017-256x256.py'
 # A throwaway package that looks installed (dist-info + .mim) on a temporary
@@ -27,20 +29,6 @@ SEG_CONFIG = 'configs/kcla/unet_kcla-r18_isic2017-256x256.py'
 TEST_PACKAGE = 'kcla_release_demo'
 MODEL_NAME = 'faster-rcnn_kcla-r18_fpn_release-test'
 MIM = osp.join(osp.dirname(sys.executable), 'mim')
-
-
-def run(repo_root, *args, env=None, check=True, timeout=600):
-    result = subprocess.run(
-        list(args),
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout)
-    if check:
-        assert result.returncode == 0, (
-            result.stdout[-3000:] + result.stderr[-3000:])
-    return result
 
 
 def clean_env(**extra):
@@ -63,8 +51,8 @@ def release(tmp_path_factory, repo_root):
     """A short synthetic training run of the demo model, published."""
     root = tmp_path_factory.mktemp('release')
     data = root / 'coco'
-    run(repo_root, sys.executable, 'tools/misc/make_synthetic_coco.py',
-        str(data), '--train', '4', '--val', '2', '--size', '96', '--seed', '0')
+    run(sys.executable, 'tools/misc/make_synthetic_coco.py', str(data),
+        '--train', '4', '--val', '2', '--size', '96', '--seed', '0')
     # The demo config, keeping every detection (an almost untrained model
     # scores below mmdet's 0.05), so that predictions are never empty.
     config = root / f'{MODEL_NAME}.py'
@@ -83,12 +71,11 @@ def release(tmp_path_factory, repo_root):
             f'{loader}_dataloader.num_workers=0',
             f'{loader}_dataloader.persistent_workers=False'
         ]
-    run(repo_root, sys.executable, 'tools/train.py', str(config), '--work-dir',
-        str(work), '--cfg-options', *opts)
+    run(sys.executable, 'tools/train.py', str(config), '--work-dir', str(work),
+        '--cfg-options', *opts)
     trained = work / 'epoch_1.pth'
     assert trained.is_file()
     log = run(
-        repo_root,
         sys.executable,
         'tools/model_converters/publish_model.py',
         str(trained),
@@ -124,8 +111,7 @@ DET_PREDICT = textwrap.dedent("""\
 
 def det_predictions(repo_root, tmp_path, config, image, *weights):
     out = tmp_path / 'predictions.json'
-    run(repo_root,
-        sys.executable,
+    run(sys.executable,
         '-c',
         DET_PREDICT,
         config,
@@ -194,18 +180,8 @@ def test_release_name_strips_the_suffix_not_characters():
     assert release_name('w/model', digest) == 'w/model-abcdef01.pth'
 
 
-def load_tool(repo_root, relative):
-    """A tool script as a module, to call its main() in this process."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        osp.splitext(osp.basename(relative))[0], osp.join(repo_root, relative))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_publish_refuses_what_is_not_a_checkpoint(tmp_path, repo_root, capsys):
-    tool = load_tool(repo_root, 'tools/model_converters/publish_model.py')
+    tool = load_tool('tools/model_converters/publish_model.py')
     text = tmp_path / 'notes.pth'
     text.write_text('not a checkpoint\n')
     listing = tmp_path / 'list.pth'
@@ -363,19 +339,12 @@ def test_mim_search_and_download_from_loopback(release, model_server,
                                                tmp_path, repo_root):
     env = test_package['env']
     search = run(
-        repo_root,
-        MIM,
-        'search',
-        TEST_PACKAGE,
-        '--display-width',
-        '300',
-        env=env).stdout
+        MIM, 'search', TEST_PACKAGE, '--display-width', '300', env=env).stdout
     assert f'config id: {MODEL_NAME}' in search
     assert model_server['url'] in search
 
     dest = tmp_path / 'downloaded'
     log = run(
-        repo_root,
         MIM,
         'download',
         TEST_PACKAGE,
@@ -419,8 +388,7 @@ def test_inference_by_name_fetches_the_index_weights(release, model_server,
     env = dict(test_package['env'], TORCH_HOME=str(tmp_path / 'torch_home'))
     count = model_server['requested'].count(
         f"/{osp.basename(release['published'])}")
-    run(repo_root,
-        sys.executable,
+    run(sys.executable,
         '-c',
         BY_NAME,
         MODEL_NAME,
@@ -436,7 +404,6 @@ def test_inference_by_name_fetches_the_index_weights(release, model_server,
     # The CLI, by name, writes the drawn image and the predictions.
     out_dir = tmp_path / 'cli'
     log = run(
-        repo_root,
         sys.executable,
         'tools/infer.py',
         release['image'],
@@ -456,7 +423,7 @@ def test_inference_by_name_fetches_the_index_weights(release, model_server,
         predictions['published']['scores'])
     assert 'drawn to' in log
 
-    infer = load_tool(repo_root, 'tools/infer.py')
+    infer = load_tool('tools/infer.py')
     with pytest.raises(
             ValueError,
             match='no-such-model is neither a config '
@@ -481,15 +448,14 @@ SEG_PREDICT = textwrap.dedent("""\
 
 def test_segmentation_release_and_inference(release, tmp_path, repo_root):
     initial = tmp_path / 'unet.pth'
-    run(repo_root, sys.executable, 'tools/misc/save_initial_checkpoint.py',
-        SEG_CONFIG, str(initial))
+    run(sys.executable, 'tools/misc/save_initial_checkpoint.py', SEG_CONFIG,
+        str(initial))
     from kcla_mm.model_zoo import publish_checkpoint
     published = publish_checkpoint(str(initial),
                                    str(tmp_path / 'unet_kcla'))['path']
     assert re.fullmatch(r'unet_kcla-[0-9a-f]{8}\.pth', osp.basename(published))
     out_dir = tmp_path / 'seg'
     log = run(
-        repo_root,
         sys.executable,
         '-c',
         SEG_PREDICT,
@@ -506,9 +472,8 @@ def test_segmentation_release_and_inference(release, tmp_path, repo_root):
     assert (out_dir / 'vis' / image_name).is_file()
 
     cli_dir = tmp_path / 'seg_cli'
-    log = run(repo_root, sys.executable, 'tools/infer.py', release['image'],
-              SEG_CONFIG, '--weights', published, '--out-dir',
-              str(cli_dir)).stdout
+    log = run(sys.executable, 'tools/infer.py', release['image'], SEG_CONFIG,
+              '--weights', published, '--out-dir', str(cli_dir)).stdout
     assert (cli_dir / 'vis' / image_name).is_file()
     # mmseg's MMSegInferencer numbers its mask files.
     import numpy as np
@@ -577,7 +542,7 @@ def test_metafile_parameter_counts_are_the_models(repo_root):
 
 def test_mim_search_lists_kcla_mm_models(repo_root):
     # The real package, as installed in this environment (editable).
-    search = run(repo_root, MIM, 'search', 'kcla_mm', env=clean_env()).stdout
+    search = run(MIM, 'search', 'kcla_mm', env=clean_env()).stdout
     from kcla_mm.model_zoo import load_model_index
     names = {m.name for m in load_model_index().values()}
     listed = set(re.findall(r'config id: (\S+)', search))
@@ -585,7 +550,7 @@ def test_mim_search_lists_kcla_mm_models(repo_root):
 
 
 def test_get_flops_counts_the_kcla_layers(repo_root):
-    log = run(repo_root, sys.executable, 'tools/analysis/get_flops.py',
+    log = run(sys.executable, 'tools/analysis/get_flops.py',
               'configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py',
               '--backbone-only', '--shape', '224', '224').stdout
     assert 'Params: 23.801M (23,801,133)' in log
@@ -607,8 +572,8 @@ def test_get_flops_counts_the_kcla_layers(repo_root):
     # fc (2,048,000 MACs) and without BN: our conv MACs plus the fc agree.
     assert abs(by_op['conv'] + 2_048_000 - 4.162e9) < 0.5e6 + 0.0005e9
 
-    log = run(repo_root, sys.executable, 'tools/analysis/get_flops.py',
-              SEG_CONFIG, '--shape', '128', '128').stdout
+    log = run(sys.executable, 'tools/analysis/get_flops.py', SEG_CONFIG,
+              '--shape', '128', '128').stdout
     assert 'Input shape: (1, 3, 128, 128)' in log
     params = int(
         re.search(r'Params: \S+ \(([\d,]+)\)', log).group(1).replace(',', ''))

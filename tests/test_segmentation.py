@@ -5,14 +5,13 @@ import glob
 import os
 import os.path as osp
 import re
-import subprocess
 import sys
 
 import cv2
 import numpy as np
 import pytest
 
-from test_detection import run
+from helpers import output_of, run
 
 LAYOUTS = ('isic2017', 'isic2018', 'kvasir')
 CONFIG_DATA = {
@@ -23,22 +22,24 @@ CONFIG_DATA = {
 
 
 def make_archive(repo_root, layout, out, count=12, *extra):
-    run(repo_root, sys.executable, 'tools/misc/make_synthetic_medseg.py',
-        '--layout', layout, str(out), '--count', str(count), *extra)
+    output_of(sys.executable, 'tools/misc/make_synthetic_medseg.py',
+              '--layout', layout, str(out), '--count', str(count), *extra)
 
 
 def prepare(repo_root, layout, raw, out, *extra, check=True):
     if layout == 'kvasir':
-        cmd = ['tools/dataset_converters/prepare_kvasir.py', str(raw),
-               str(out)]
+        cmd = [
+            'tools/dataset_converters/prepare_kvasir.py',
+            str(raw),
+            str(out)
+        ]
     else:
-        cmd = ['tools/dataset_converters/prepare_isic.py', '--year',
-               layout[-4:], str(raw), str(out)]
-    result = subprocess.run([sys.executable, *cmd, *extra], cwd=repo_root,
-                            capture_output=True, text=True)
-    if check:
-        assert result.returncode == 0, result.stderr
-    return result
+        cmd = [
+            'tools/dataset_converters/prepare_isic.py', '--year', layout[-4:],
+            str(raw),
+            str(out)
+        ]
+    return run(sys.executable, *cmd, *extra, check=check)
 
 
 def split_counts(root):
@@ -72,8 +73,9 @@ def prepared(tmp_path_factory, repo_root):
 @pytest.mark.parametrize('layout', LAYOUTS)
 def test_preparation_counts_and_mask_values(layout, prepared):
     raw, data = prepared[layout]
-    expected = (dict(train=9, val=3) if layout == 'kvasir' else dict(
-        test=3, train=6, val=3))
+    expected = (
+        dict(train=9, val=3) if layout == 'kvasir' else dict(
+            test=3, train=6, val=3))
     assert split_counts(data) == expected
     for split, n in expected.items():
         assert len(os.listdir(data / 'img_dir' / split)) == n
@@ -81,12 +83,11 @@ def test_preparation_counts_and_mask_values(layout, prepared):
     assert mask_values(data) == {0, 1}
     if layout == 'isic2017':  # the superpixel pngs are not samples
         assert glob.glob(str(raw / '*' / '*_superpixels.png'))
-        assert not glob.glob(str(data / '**' / '*superpixels*'),
-                             recursive=True)
+        assert not glob.glob(
+            str(data / '**' / '*superpixels*'), recursive=True)
 
 
-def test_isic2018_training_part_alone_is_split_with_seed(
-        tmp_path, repo_root):
+def test_isic2018_training_part_alone_is_split_with_seed(tmp_path, repo_root):
     raw = tmp_path / 'raw'
     make_archive(repo_root, 'isic2018', raw, 20, '--train-only')
     for out in ('a', 'b'):
@@ -106,9 +107,15 @@ def test_kvasir_split_files(tmp_path, prepared, repo_root):
             str(tmp_path / 'train.txt'), str(tmp_path / 'val.txt'))
     assert split_counts(tmp_path / 'out') == dict(train=8, val=4)
     (tmp_path / 'val.txt').write_text('\n'.join(ids[8:] + ['nope']))
-    result = prepare(repo_root, 'kvasir', raw, tmp_path / 'out2',
-                     '--split-files', str(tmp_path / 'train.txt'),
-                     str(tmp_path / 'val.txt'), check=False)
+    result = prepare(
+        repo_root,
+        'kvasir',
+        raw,
+        tmp_path / 'out2',
+        '--split-files',
+        str(tmp_path / 'train.txt'),
+        str(tmp_path / 'val.txt'),
+        check=False)
     assert result.returncode == 1 and "id 'nope'" in result.stderr
 
 
@@ -117,51 +124,66 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(
         layout, tmp_path, repo_root):
     raw = tmp_path / 'raw'
     make_archive(repo_root, layout, raw, 8)
-    masks = sorted(glob.glob(str(raw / '*' / '*segmentation.png')) +
-                   glob.glob(str(raw / 'Kvasir-SEG/masks/*.jpg')))
+    masks = sorted(
+        glob.glob(str(raw / '*' / '*segmentation.png')) +
+        glob.glob(str(raw / 'Kvasir-SEG/masks/*.jpg')))
     images = sorted(
         p for p in glob.glob(str(raw / '**' / '*.jpg'), recursive=True)
         if '/masks/' not in p)
     extra = ['--train', '6', '--val', '2'] if layout == 'kvasir' else []
 
     os.remove(masks[0])  # an image without its mask
-    result = prepare(repo_root, layout, raw, tmp_path / 'o1', *extra,
-                     check=False)
+    result = prepare(
+        repo_root, layout, raw, tmp_path / 'o1', *extra, check=False)
     assert result.returncode == 1
-    lonely_image = [p for p in images if osp.basename(p)[:12] in osp.basename(
-        masks[0])][0]
+    lonely_image = [
+        p for p in images if osp.basename(p)[:12] in osp.basename(masks[0])
+    ][0]
     assert lonely_image in result.stderr and 'no mask' in result.stderr
 
     os.remove(lonely_image)  # pair removed: now a mask without an image
-    stray = osp.join(osp.dirname(masks[1]), 'ISIC_9999999_segmentation.png'
-                     if layout != 'kvasir' else 'stray.jpg')
+    stray = osp.join(
+        osp.dirname(masks[1]),
+        'ISIC_9999999_segmentation.png' if layout != 'kvasir' else 'stray.jpg')
     cv2.imwrite(stray, np.zeros((4, 4), np.uint8))
-    result = prepare(repo_root, layout, raw, tmp_path / 'o2', *(
-        ['--train', '5', '--val', '2'] if layout == 'kvasir' else []),
-                     check=False)
+    result = prepare(
+        repo_root,
+        layout,
+        raw,
+        tmp_path / 'o2',
+        *(['--train', '5', '--val', '2'] if layout == 'kvasir' else []),
+        check=False)
     assert result.returncode == 1
     assert stray in result.stderr and 'without an image' in result.stderr
 
     os.remove(stray)
     with open(images[-1], 'wb') as f:  # an unreadable image
         f.write(b'not a jpeg')
-    result = prepare(repo_root, layout, raw, tmp_path / 'o3', *(
-        ['--train', '5', '--val', '2'] if layout == 'kvasir' else []),
-                     check=False)
+    result = prepare(
+        repo_root,
+        layout,
+        raw,
+        tmp_path / 'o3',
+        *(['--train', '5', '--val', '2'] if layout == 'kvasir' else []),
+        check=False)
     assert result.returncode == 1
     assert images[-1] in result.stderr and 'unreadable' in result.stderr
 
 
 def seg_options(data_root, *extra, size=64):
-    opts = [f'data_root={data_root}', 'default_hooks.logger.interval=1',
-            'train_dataloader.batch_size=2',
-            f'train_dataloader.dataset.pipeline.2.scale=({size},{size})',
-            f'val_dataloader.dataset.pipeline.1.scale=({size},{size})',
-            f'test_dataloader.dataset.pipeline.1.scale=({size},{size})',
-            f'model.data_preprocessor.size=({size},{size})']
+    opts = [
+        f'data_root={data_root}', 'default_hooks.logger.interval=1',
+        'train_dataloader.batch_size=2',
+        f'train_dataloader.dataset.pipeline.2.scale=({size},{size})',
+        f'val_dataloader.dataset.pipeline.1.scale=({size},{size})',
+        f'test_dataloader.dataset.pipeline.1.scale=({size},{size})',
+        f'model.data_preprocessor.size=({size},{size})'
+    ]
     for loader in ('train', 'val', 'test'):
-        opts += [f'{loader}_dataloader.num_workers=0',
-                 f'{loader}_dataloader.persistent_workers=False']
+        opts += [
+            f'{loader}_dataloader.num_workers=0',
+            f'{loader}_dataloader.persistent_workers=False'
+        ]
     return ['--cfg-options', *opts, *extra]
 
 
@@ -171,20 +193,22 @@ def test_unet_config_trains_and_tests(dataset, encoder, prepared, tmp_path,
                                       repo_root):
     config = f'configs/kcla/unet_{encoder}_{dataset}-256x256.py'
     _, data = prepared[CONFIG_DATA[dataset]]
-    log = run(repo_root, sys.executable, 'tools/train.py', config,
-              '--work-dir', str(tmp_path),
-              *seg_options(data, 'train_cfg.max_iters=2',
-                           'train_cfg.val_interval=2',
-                           'default_hooks.checkpoint.interval=2'))
+    log = output_of(
+        sys.executable, 'tools/train.py', config, '--work-dir', str(tmp_path),
+        *seg_options(data, 'train_cfg.max_iters=2', 'train_cfg.val_interval=2',
+                     'default_hooks.checkpoint.interval=2'))
     assert 'Iter(train) [2/2]' in log
     backbone = 'KCLAResNet' if encoder.startswith('kcla') else 'ResNet'
     dumped = open(tmp_path / osp.basename(config)).read()
     assert f"type='{backbone}'" in dumped and "type='UNetHead'" in dumped
-    log = run(repo_root, sys.executable, 'tools/test.py', config,
-              str(tmp_path / 'iter_2.pth'), '--work-dir', str(tmp_path),
-              *seg_options(data))
-    found = {k: float(v) for k, v in re.findall(
-        r'(mIoU|mDice|IoU\.\w+|Dice\.\w+): (-?[\d.]+)', log)}
+    log = output_of(sys.executable, 'tools/test.py', config,
+                    str(tmp_path / 'iter_2.pth'), '--work-dir', str(tmp_path),
+                    *seg_options(data))
+    found = {
+        k: float(v)
+        for k, v in re.findall(r'(mIoU|mDice|IoU\.\w+|Dice\.\w+): (-?[\d.]+)',
+                               log)
+    }
     fg = 'polyp' if dataset == 'kvasir-seg' else 'lesion'
     assert {'mIoU', 'mDice', f'IoU.{fg}', f'Dice.{fg}'} <= set(found)
 
@@ -206,21 +230,46 @@ def test_short_training_on_synthetic_isic_learns(tmp_path, repo_root):
     raw, data = tmp_path / 'raw', tmp_path / 'isic2017'
     make_archive(repo_root, 'isic2017', raw, 40, '--seed', '5')
     prepare(repo_root, 'isic2017', raw, data)
-    log = run(repo_root, sys.executable, 'tools/train.py',
-              'configs/kcla/unet_kcla-r18_isic2017-256x256.py', '--work-dir',
-              str(tmp_path / 'work'),
-              *seg_options(data, 'train_cfg.max_iters=80',
-                           'train_cfg.val_interval=80',
-                           'default_hooks.checkpoint.interval=80',
-                           'default_hooks.logger.interval=20',
-                           'train_dataloader.batch_size=4',
-                           'param_scheduler.0.end=80',
-                           # Unseeded, one of seven runs stayed at
-                           # all-background after 80 iterations.
-                           'randomness.seed=0', size=96))
-    got = {k: float(v) for k, v in re.findall(
-        r'(mDice|Dice\.lesion): (-?[\d.]+)', log)}
+    log = output_of(
+        sys.executable,
+        'tools/train.py',
+        'configs/kcla/unet_kcla-r18_isic2017-256x256.py',
+        '--work-dir',
+        str(tmp_path / 'work'),
+        *seg_options(
+            data,
+            'train_cfg.max_iters=80',
+            'train_cfg.val_interval=80',
+            'default_hooks.checkpoint.interval=80',
+            'default_hooks.logger.interval=20',
+            'train_dataloader.batch_size=4',
+            'param_scheduler.0.end=80',
+            # Unseeded, one of seven runs stayed at
+            # all-background after 80 iterations.
+            'randomness.seed=0',
+            size=96))
+    got = {
+        k: float(v)
+        for k, v in re.findall(r'(mDice|Dice\.lesion): (-?[\d.]+)', log)
+    }
     baseline = all_background_mdice(data / 'ann_dir' / 'val')
     assert 40 < baseline < 50  # background Dice alone, halved
     assert got['mDice'] > baseline + 25, (got, baseline)
     assert got['Dice.lesion'] > 50, got
+
+
+def test_isic_split_ratios_out_of_range_are_named(tmp_path, repo_root):
+    result = prepare(
+        repo_root,
+        'isic2018',
+        tmp_path / 'raw',
+        tmp_path / 'out',
+        '--val-ratio',
+        '0.7',
+        '--test-ratio',
+        '0.5',
+        check=False)
+    assert result.returncode == 2
+    assert '--val-ratio=0.7 and --test-ratio=0.5 must be in [0, 1)' in \
+        result.stderr
+    assert not (tmp_path / 'out').exists()

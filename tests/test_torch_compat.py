@@ -44,8 +44,9 @@ def training_checkpoint(path):
     loss = HistoryBuffer()
     loss.update(0.5)
     torch.save(
-        dict(state_dict={'w': torch.ones(2)},
-             message_hub=dict(log_scalars={'loss': loss}, counts=Counter(a=1))),
+        dict(
+            state_dict={'w': torch.ones(2)},
+            message_hub=dict(log_scalars={'loss': loss}, counts=Counter(a=1))),
         path)
     return path
 

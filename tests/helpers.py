@@ -1,0 +1,61 @@
+"""Helpers shared by the test modules (fixtures live in conftest.py)."""
+import importlib.util
+import os.path as osp
+import subprocess
+from types import ModuleType
+
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def run(*args,
+        env=None,
+        check=True,
+        timeout=900) -> subprocess.CompletedProcess:
+    """Runs a command in the repository root, as a user runs the tools;
+    with ``check``, a failure shows the end of its output."""
+    result = subprocess.run([str(a) for a in args],
+                            cwd=ROOT,
+                            capture_output=True,
+                            text=True,
+                            env=env,
+                            timeout=timeout)
+    if check:
+        assert result.returncode == 0, (
+            result.stdout[-3000:] + result.stderr[-3000:])
+    return result
+
+
+def output_of(*args, **kwargs) -> str:
+    """stdout + stderr of a command that must succeed (see :func:`run`)."""
+    result = run(*args, check=True, **kwargs)
+    return result.stdout + result.stderr
+
+
+def load_tool(relative: str) -> ModuleType:
+    """A tool script as a module, so that its main() runs in-process."""
+    name = 'tool_' + osp.splitext(osp.basename(relative))[0]
+    spec = importlib.util.spec_from_file_location(name,
+                                                  osp.join(ROOT, relative))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def small_backbone(cls, depth: int = 18, **kwargs):
+    """A narrow layer-attention ResNet for wiring tests (the medical-UNet
+    setting): base_channels 16, head_dim 8 unless given."""
+    kwargs.setdefault('base_channels', 16)
+    kwargs.setdefault('head_dim', 8)
+    return cls(depth=depth, **kwargs)
+
+
+def assert_close_to_max(ours, ref, tol: float, rtol: float = None) -> None:
+    """Close within ``tol`` of the largest entry of ``ref``: the KCLA state
+    sums layer weights up to e^10, so entries span many magnitudes."""
+    torch.testing.assert_close(
+        ours,
+        ref,
+        rtol=tol if rtol is None else rtol,
+        atol=tol * ref.abs().max().item())

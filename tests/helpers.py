@@ -6,6 +6,8 @@ from types import ModuleType
 
 import torch
 
+from kcla_mm.models.layers import KCLAState
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
@@ -59,3 +61,15 @@ def assert_close_to_max(ours, ref, tol: float, rtol: float = None) -> None:
         ref,
         rtol=tol if rtol is None else rtol,
         atol=tol * ref.abs().max().item())
+
+
+def incoming_state(case: str, n: int):
+    """The state a 256-channel, 9x7 KCLA layer receives in ``case``:
+    none for 'first', 128 channels at 17x13 for 'adapt' (Algorithm 1 with
+    a conv), 256 channels at 9x7 otherwise; 4 heads of 64."""
+    if case == 'first':
+        return None
+    c_in, size = (128, (17, 13)) if case == 'adapt' else (256, (9, 7))
+    return KCLAState(
+        torch.rand(n, c_in, *size) * 5,
+        torch.rand(n, c_in // 64) + 0.5)

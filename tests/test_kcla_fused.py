@@ -12,7 +12,7 @@ from kcla_mm.models.layers.kcla_fused import (folded_value, fused_forward,
                                               fused_query_key,
                                               fused_renormalise)
 from kcla_mm.models.layers.kcla_state import STATE_EPS
-from helpers import assert_close_to_max
+from helpers import assert_close_to_max, incoming_state
 from official_reference import randomise_
 
 CASES = ['first', 'carry', 'adapt', 'renorm']
@@ -40,12 +40,7 @@ def make_case(case, n=3, norm='BN', drop_path=0., inplace=False):
             inplace=inplace,
             **kwargs))
     x = torch.rand(n, 256, 9, 7)
-    state = None
-    if case != 'first':
-        c_in, size = (128, (17, 13)) if case == 'adapt' else (256, (9, 7))
-        state = KCLAState(
-            torch.rand(n, c_in, *size) * 5,
-            torch.rand(n, c_in // 64) + 0.5)
+    state = incoming_state(case, n)
     return layer, x, state
 
 
@@ -56,6 +51,19 @@ def gradients(outputs, inputs, grad_outputs):
     return [
         torch.zeros_like(i) if g is None else g for i, g in zip(inputs, grads)
     ]
+
+
+def assert_same_values_and_gradients(ours, refs, inputs, layer):
+    """float64 outputs within 1e-12 and the gradients with respect to
+    ``inputs`` and every parameter of ``layer`` within 1e-8 (of the
+    largest entry)."""
+    for a, b in zip(ours, refs):
+        assert_close_to_max(a, b, 1e-12)
+    grads = [torch.randn_like(t) for t in refs]
+    params = list(inputs) + list(layer.parameters())
+    for a, b in zip(
+            gradients(ours, params, grads), gradients(refs, params, grads)):
+        assert_close_to_max(a, b, 1e-8)
 
 
 def test_fused_query_key(float64):
@@ -71,15 +79,9 @@ def test_fused_renormalise(float64, case, mode):
     layer, _, state = make_case(case)
     layer.train(mode == 'train')
     state = KCLAState(state.u.requires_grad_(), state.z.requires_grad_())
-    ours = fused_renormalise(layer, state)
-    ref = layer.renormalise(state)
-    for a, b in zip(ours, ref):
-        assert_close_to_max(a, b, 1e-12)
-    grads = [torch.randn_like(t) for t in ref]
-    params = [state.u, state.z] + list(layer.parameters())
-    for a, b in zip(
-            gradients(ours, params, grads), gradients(ref, params, grads)):
-        assert_close_to_max(a, b, 1e-8)
+    assert_same_values_and_gradients(
+        tuple(fused_renormalise(layer, state)),
+        tuple(layer.renormalise(state)), state, layer)
 
 
 @pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])
@@ -96,14 +98,9 @@ def test_folded_value(float64, norm, mode, n, memory_format):
          5).contiguous(memory_format=fmt).requires_grad_()
     z = (torch.rand(n, 4) + 0.5).requires_grad_()
     gate = torch.rand(n, 4).requires_grad_()
-    ours = folded_value(layer, u, gate / (z + STATE_EPS), u.dtype)
-    ref = layer.branch(u, z, gate, u.dtype)
-    assert_close_to_max(ours, ref, 1e-12)
-    grad = torch.randn_like(ref)
-    params = [u, z, gate] + list(layer.parameters())
-    for a, b in zip(
-            gradients(ours, params, grad), gradients(ref, params, grad)):
-        assert_close_to_max(a, b, 1e-8)
+    assert_same_values_and_gradients(
+        (folded_value(layer, u, gate / (z + STATE_EPS), u.dtype), ),
+        (layer.branch(u, z, gate, u.dtype), ), (u, z, gate), layer)
 
 
 @pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])
@@ -124,14 +121,8 @@ def test_fused_forward_float64(float64, case, mode, n, memory_format):
         inputs += list(state)
     y, new_state = fused_forward(layer, x, state)
     y_ref, state_ref = layer.forward_reference(x, state)
-    outs, refs = (y, *new_state), (y_ref, *state_ref)
-    for a, b in zip(outs, refs):
-        assert_close_to_max(a, b, 1e-12)
-    grads = [torch.randn_like(t) for t in refs]
-    params = inputs + list(layer.parameters())
-    for a, b in zip(
-            gradients(outs, params, grads), gradients(refs, params, grads)):
-        assert_close_to_max(a, b, 1e-8)
+    assert_same_values_and_gradients((y, *new_state), (y_ref, *state_ref),
+                                     inputs, layer)
 
 
 @pytest.mark.parametrize('inplace', [False, True])

@@ -7,7 +7,7 @@ import torch
 from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.attention_branch import eca_kernel_size
 from kcla_mm.models.layers.kcla_layer import head_temperatures
-from helpers import assert_close_to_max
+from helpers import assert_close_to_max, incoming_state
 from official_reference import OfficialKCLA, randomise_
 
 OFFICIAL_TO_MM = {
@@ -168,12 +168,7 @@ def test_channels_last_keeps_its_format_and_values(case, mode, n):
         KCLALayer(256, renorm=case == 'adapt', drop_path=0., **kwargs))
     layer.train(mode == 'train')
     x = torch.rand(n, 256, 9, 7)
-    state = None
-    if case != 'first':
-        c_in, size = (128, (17, 13)) if case == 'adapt' else (256, (9, 7))
-        state = KCLAState(
-            torch.rand(n, c_in, *size) * 5,
-            torch.rand(n, c_in // 64) + 0.5)
+    state = incoming_state(case, n)
     channels_last = torch.channels_last
 
     def run(memory_format):

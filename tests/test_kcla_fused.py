@@ -174,7 +174,8 @@ def test_autocast_keeps_the_state_in_fp32(implementation, dtype):
         with torch.autocast('cpu', dtype=dtype):
             y, new_state = layer(x, state)
     except RuntimeError as exc:  # torch 2.1: no fp16 CPU autocast kernels
-        pytest.skip(f'{dtype} CPU autocast unavailable here: {exc}')
+        pytest.skip(f'torch {torch.__version__} has no {dtype} CPU autocast '
+                    f'kernel here: {exc}')
     assert new_state.u.dtype == new_state.z.dtype == torch.float32
     assert torch.isfinite(y).all() and torch.isfinite(new_state.u).all()
     assert_close_to_max(y.float(), y_ref, 5e-2)

@@ -7,7 +7,7 @@ Sharing them keeps a comparison of the three layers a comparison of their
 aggregation rules only.
 """
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -46,6 +46,15 @@ def eca_conv1d(channels: int) -> nn.Conv1d:
     """A bias-free ECA-style 1-D conv over the pooled channels."""
     k_size = eca_kernel_size(channels)
     return nn.Conv1d(1, 1, k_size, padding=(k_size - 1) // 2, bias=False)
+
+
+def init_cfg_list(
+    init_cfg: Union[dict, Sequence[dict],
+                    None]) -> Union[dict, List[dict], None]:
+    """``init_cfg`` as mmengine's BaseModule takes it (a dict or a list):
+    the layers' defaults are tuples, so that no call shares a mutable
+    default."""
+    return list(init_cfg) if isinstance(init_cfg, tuple) else init_cfg
 
 
 def check_branch_args(channels: int, head_dim: int, drop_path: float) -> None:

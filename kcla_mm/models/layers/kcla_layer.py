@@ -24,7 +24,8 @@ from mmengine.model import BaseModule
 from torch import Tensor
 
 from .attention_branch import (add_branch, at_least_fp32, build_state_adapter,
-                               check_branch_args, eca_conv1d, spatial_mean)
+                               check_branch_args, eca_conv1d, init_cfg_list,
+                               spatial_mean)
 from .kcla_fused import fused_forward
 from .kcla_state import STATE_EPS, KCLAState
 
@@ -118,9 +119,7 @@ class KCLALayer(BaseModule):
                                type='Xavier',
                                layer=['Conv1d', 'Linear'],
                                distribution='uniform'))):
-        super().__init__(
-            init_cfg=list(init_cfg) if isinstance(init_cfg, tuple
-                                                  ) else init_cfg)
+        super().__init__(init_cfg=init_cfg_list(init_cfg))
         check_branch_args(channels, head_dim, drop_path)
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f'implementation={implementation!r} must be one '

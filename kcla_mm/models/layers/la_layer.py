@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .attention_branch import (add_branch, at_least_fp32, build_state_adapter,
                                check_branch_args, eca_conv1d, head_scaled_add,
-                               spatial_mean)
+                               init_cfg_list, spatial_mean)
 
 
 class LAState(NamedTuple):
@@ -90,9 +90,7 @@ class LALayer(BaseModule):
                                                  type='Xavier',
                                                  layer='Conv1d',
                                                  distribution='uniform'))):
-        super().__init__(
-            init_cfg=list(init_cfg) if isinstance(init_cfg, tuple
-                                                  ) else init_cfg)
+        super().__init__(init_cfg=init_cfg_list(init_cfg))
         check_branch_args(channels, head_dim, drop_path)
         self.channels = channels
         self.head_dim = head_dim

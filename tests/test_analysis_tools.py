@@ -14,9 +14,8 @@ from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
 from kcla_mm.models import KCLAResNet, MRLALightResNet
 from kcla_mm.torch_compat import has_mem_tracker
-from helpers import load_tool
+from helpers import ROOT, load_tool
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 KCLA_UNET = osp.join(ROOT, 'configs/kcla/unet_kcla-r18_isic2017-256x256.py')
 LA_UNET = osp.join(ROOT, 'configs/baselines/unet_la-r18_isic2017-256x256.py')
 

@@ -16,6 +16,7 @@ from mmseg.registry import MODELS as MMSEG_MODELS
 from kcla_mm.analysis.complexity import count_flops, inference_state_bytes
 from kcla_mm.models import KCLAResNet, LAResNet, MRLALightResNet
 from kcla_mm.models.layers import LALayer, MRLALightLayer
+from helpers import ROOT
 from helpers import small_backbone as small
 
 BASELINES = {
@@ -193,10 +194,7 @@ def test_wrong_input_channels_are_named(cls):
 
 
 BASELINE_CONFIGS = sorted(
-    glob.glob(
-        osp.join(
-            osp.dirname(osp.dirname(osp.abspath(__file__))), 'configs',
-            'baselines', '*.py')))
+    glob.glob(osp.join(ROOT, 'configs', 'baselines', '*.py')))
 
 
 def test_every_comparison_config_exists():

@@ -13,11 +13,12 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from helpers import ROOT
+
 # Checks of the installed environment rather than of kcla_mm's code: in an
 # environment other than the two locked stacks, `pytest -m "not env"`.
 pytestmark = pytest.mark.env
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 STACKS = ('main', 'torch21')
 
 

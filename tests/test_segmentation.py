@@ -21,12 +21,12 @@ CONFIG_DATA = {
 }
 
 
-def make_archive(repo_root, layout, out, count=12, *extra):
+def make_archive(layout, out, count=12, *extra):
     output_of(sys.executable, 'tools/misc/make_synthetic_medseg.py',
               '--layout', layout, str(out), '--count', str(count), *extra)
 
 
-def prepare(repo_root, layout, raw, out, *extra, check=True):
+def prepare(layout, raw, out, *extra, check=True):
     if layout == 'kvasir':
         cmd = [
             'tools/dataset_converters/prepare_kvasir.py',
@@ -57,15 +57,15 @@ def mask_values(root):
 
 
 @pytest.fixture(scope='module')
-def prepared(tmp_path_factory, repo_root):
+def prepared(tmp_path_factory):
     """Each layout as raw archive and as prepared mmseg data."""
     base = tmp_path_factory.mktemp('medseg')
     out = {}
     for layout in LAYOUTS:
         raw, data = base / f'raw_{layout}', base / layout
-        make_archive(repo_root, layout, raw)
+        make_archive(layout, raw)
         extra = ['--train', '9', '--val', '3'] if layout == 'kvasir' else []
-        prepare(repo_root, layout, raw, data, *extra)
+        prepare(layout, raw, data, *extra)
         out[layout] = (raw, data)
     return out
 
@@ -87,28 +87,27 @@ def test_preparation_counts_and_mask_values(layout, prepared):
             str(data / '**' / '*superpixels*'), recursive=True)
 
 
-def test_isic2018_training_part_alone_is_split_with_seed(tmp_path, repo_root):
+def test_isic2018_training_part_alone_is_split_with_seed(tmp_path):
     raw = tmp_path / 'raw'
-    make_archive(repo_root, 'isic2018', raw, 20, '--train-only')
+    make_archive('isic2018', raw, 20, '--train-only')
     for out in ('a', 'b'):
-        prepare(repo_root, 'isic2018', raw, tmp_path / out, '--val-ratio',
-                '0.2', '--test-ratio', '0.2', '--seed', '3')
+        prepare('isic2018', raw, tmp_path / out, '--val-ratio', '0.2',
+                '--test-ratio', '0.2', '--seed', '3')
     assert split_counts(tmp_path / 'a') == dict(test=4, train=12, val=4)
     assert sorted(os.listdir(tmp_path / 'a/img_dir/val')) == sorted(
         os.listdir(tmp_path / 'b/img_dir/val'))
 
 
-def test_kvasir_split_files(tmp_path, prepared, repo_root):
+def test_kvasir_split_files(tmp_path, prepared):
     raw, _ = prepared['kvasir']
     ids = sorted(f[:-4] for f in os.listdir(raw / 'Kvasir-SEG/images'))
     (tmp_path / 'train.txt').write_text('\n'.join(ids[:8]))
     (tmp_path / 'val.txt').write_text('\n'.join(ids[8:]))
-    prepare(repo_root, 'kvasir', raw, tmp_path / 'out', '--split-files',
+    prepare('kvasir', raw, tmp_path / 'out', '--split-files',
             str(tmp_path / 'train.txt'), str(tmp_path / 'val.txt'))
     assert split_counts(tmp_path / 'out') == dict(train=8, val=4)
     (tmp_path / 'val.txt').write_text('\n'.join(ids[8:] + ['nope']))
     result = prepare(
-        repo_root,
         'kvasir',
         raw,
         tmp_path / 'out2',
@@ -120,10 +119,9 @@ def test_kvasir_split_files(tmp_path, prepared, repo_root):
 
 
 @pytest.mark.parametrize('layout', LAYOUTS)
-def test_unmatched_or_unreadable_files_stop_with_their_name(
-        layout, tmp_path, repo_root):
+def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
     raw = tmp_path / 'raw'
-    make_archive(repo_root, layout, raw, 8)
+    make_archive(layout, raw, 8)
     masks = sorted(
         glob.glob(str(raw / '*' / '*segmentation.png')) +
         glob.glob(str(raw / 'Kvasir-SEG/masks/*.jpg')))
@@ -133,8 +131,7 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(
     extra = ['--train', '6', '--val', '2'] if layout == 'kvasir' else []
 
     os.remove(masks[0])  # an image without its mask
-    result = prepare(
-        repo_root, layout, raw, tmp_path / 'o1', *extra, check=False)
+    result = prepare(layout, raw, tmp_path / 'o1', *extra, check=False)
     assert result.returncode == 1
     lonely_image = [
         p for p in images if osp.basename(p)[:12] in osp.basename(masks[0])
@@ -147,7 +144,6 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(
         'ISIC_9999999_segmentation.png' if layout != 'kvasir' else 'stray.jpg')
     cv2.imwrite(stray, np.zeros((4, 4), np.uint8))
     result = prepare(
-        repo_root,
         layout,
         raw,
         tmp_path / 'o2',
@@ -160,7 +156,6 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(
     with open(images[-1], 'wb') as f:  # an unreadable image
         f.write(b'not a jpeg')
     result = prepare(
-        repo_root,
         layout,
         raw,
         tmp_path / 'o3',
@@ -189,8 +184,7 @@ def seg_options(data_root, *extra, size=64):
 
 @pytest.mark.parametrize('encoder', ['kcla-r18', 'r18'])
 @pytest.mark.parametrize('dataset', list(CONFIG_DATA))
-def test_unet_config_trains_and_tests(dataset, encoder, prepared, tmp_path,
-                                      repo_root):
+def test_unet_config_trains_and_tests(dataset, encoder, prepared, tmp_path):
     config = f'configs/kcla/unet_{encoder}_{dataset}-256x256.py'
     _, data = prepared[CONFIG_DATA[dataset]]
     log = output_of(
@@ -226,10 +220,10 @@ def all_background_mdice(ann_dir):
     return 100 * (2 * inter_bg / union_bg) / 2
 
 
-def test_short_training_on_synthetic_isic_learns(tmp_path, repo_root):
+def test_short_training_on_synthetic_isic_learns(tmp_path):
     raw, data = tmp_path / 'raw', tmp_path / 'isic2017'
-    make_archive(repo_root, 'isic2017', raw, 40, '--seed', '5')
-    prepare(repo_root, 'isic2017', raw, data)
+    make_archive('isic2017', raw, 40, '--seed', '5')
+    prepare('isic2017', raw, data)
     log = output_of(
         sys.executable,
         'tools/train.py',
@@ -258,9 +252,8 @@ def test_short_training_on_synthetic_isic_learns(tmp_path, repo_root):
     assert got['Dice.lesion'] > 50, got
 
 
-def test_isic_split_ratios_out_of_range_are_named(tmp_path, repo_root):
+def test_isic_split_ratios_out_of_range_are_named(tmp_path):
     result = prepare(
-        repo_root,
         'isic2018',
         tmp_path / 'raw',
         tmp_path / 'out',

@@ -121,7 +121,11 @@ setup(
     # Ranges, not pins: kcla_mm installs into its users' OpenMMLab stack.
     # The exact stacks CI tests are requirements/lock-*.txt.
     install_requires=parse_requirements('runtime.txt'),
-    extras_require={'tests': ['pytest', 'vermin']},
+    extras_require={
+        'tests': ['pytest', 'vermin'],
+        # Classification (ImageNet / CIFAR pretraining) with MMPretrain.
+        'pretrain': parse_requirements('pretrain.txt'),
+    },
     license='Apache-2.0',
     zip_safe=False,
 )

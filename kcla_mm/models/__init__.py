@@ -2,11 +2,15 @@
 """Backbones, layers and heads; each class registers itself where it is
 defined (backbones in mmdet's and mmseg's MODELS, the UNet head in
 mmseg's)."""
-from .backbones import CrossLayerResNet, KCLAResNet, LAResNet, MRLALightResNet
+from .backbones import (CrossLayerResNet, KCLAResNet, KCLAResNetCIFAR, LAResNet,
+                        LAResNetCIFAR, MRLALightResNet, MRLALightResNetCIFAR,
+                        ResNetCIFAR)
 from .decode_heads import UNetHead
 from .layers import KCLALayer, KCLAState, LALayer, LAState, MRLALightLayer
 
 __all__ = [
-    'CrossLayerResNet', 'KCLAResNet', 'KCLALayer', 'KCLAState', 'LAResNet',
-    'LALayer', 'LAState', 'MRLALightLayer', 'MRLALightResNet', 'UNetHead'
+    'CrossLayerResNet', 'KCLAResNet', 'KCLAResNetCIFAR', 'KCLALayer',
+    'KCLAState', 'LAResNet', 'LAResNetCIFAR', 'LALayer', 'LAState',
+    'MRLALightLayer', 'MRLALightResNet', 'MRLALightResNetCIFAR', 'ResNetCIFAR',
+    'UNetHead'
 ]

@@ -88,14 +88,15 @@ class CrossLayerResNet(ResNet):
         self.in_channels = kwargs.get('in_channels', 3)
         super().__init__(depth=depth, **kwargs)
 
-    @classmethod
-    def _check_args(cls, depth, head_dim, kwargs) -> None:
+    def _check_args(self, depth, head_dim, kwargs) -> None:
         """Fails early, naming the field, where mmdet would assert or fail
         deep inside the build."""
-        if depth not in cls.arch_settings:
+        cls = type(self)
+        # self: a CIFAR layout sets its arch_settings per instance.
+        if depth not in self.arch_settings:
             raise ValueError(f'depth={depth!r} is not supported by '
                              f'{cls.__name__}; choose from '
-                             f'{sorted(cls.arch_settings)}')
+                             f'{sorted(self.arch_settings)}')
         num_stages = kwargs.get('num_stages', 4)
         if not 1 <= num_stages <= 4:
             raise ValueError(f'num_stages={num_stages} must be in 1..4')
@@ -106,7 +107,7 @@ class CrossLayerResNet(ResNet):
                 raise ValueError(
                     f'{field}={tuple(value)} must have num_stages='
                     f'{num_stages} entries, got {len(value)}')
-        expansion = cls.arch_settings[depth][0].expansion
+        expansion = self.arch_settings[depth][0].expansion
         base = kwargs.get('base_channels', 64)
         for i in range(num_stages):
             width = base * 2**i * expansion

@@ -1,18 +1,13 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 from typing import Optional, Sequence
 
-from mmdet.registry import MODELS as MMDET_MODELS
-from mmseg.registry import MODELS as MMSEG_MODELS
-
+from ...registry import register_backbone
 from ..layers import KCLALayer
 from ..layers.kcla_layer import IMPLEMENTATIONS
 from .cross_layer_resnet import CrossLayerResNet
 
 
-# One class in both registries: detection and segmentation configs name it
-# under their own default_scope.
-@MMDET_MODELS.register_module()
-@MMSEG_MODELS.register_module()
+@register_backbone()
 class KCLAResNet(CrossLayerResNet):
     """ResNet with Key-Correlated Layer Attention (arXiv 2606.28405).
 

@@ -1,15 +1,12 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 from typing import Optional
 
-from mmdet.registry import MODELS as MMDET_MODELS
-from mmseg.registry import MODELS as MMSEG_MODELS
-
+from ...registry import register_backbone
 from ..layers import LALayer
 from .cross_layer_resnet import CrossLayerResNet
 
 
-@MMDET_MODELS.register_module()
-@MMSEG_MODELS.register_module()
+@register_backbone()
 class LAResNet(CrossLayerResNet):
     """ResNet with standard (full) layer attention, the quadratic baseline.
 

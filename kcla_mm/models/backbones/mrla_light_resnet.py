@@ -1,17 +1,14 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 from typing import Optional
 
-from mmdet.registry import MODELS as MMDET_MODELS
-from mmseg.registry import MODELS as MMSEG_MODELS
-
+from ...registry import register_backbone
 from ..layers import MRLALightLayer
 from .cross_layer_resnet import CrossLayerResNet
 
 
 # 'MRLALResNet': the name kcla_mm 0.1.0 registered; kept so that configs
 # written for it still build.
-@MMDET_MODELS.register_module(name=['MRLALightResNet', 'MRLALResNet'])
-@MMSEG_MODELS.register_module(name=['MRLALightResNet', 'MRLALResNet'])
+@register_backbone(name=['MRLALightResNet', 'MRLALResNet'])
 class MRLALightResNet(CrossLayerResNet):
     """ResNet with MRLA-light (Fang et al., ICLR 2023), the linear baseline.
 

@@ -2,9 +2,9 @@
 """Backbones, layers and heads; each class registers itself where it is
 defined (backbones in mmdet's and mmseg's MODELS, the UNet head in
 mmseg's)."""
-from .backbones import (CrossLayerResNet, KCLAResNet, KCLAResNetCIFAR, LAResNet,
-                        LAResNetCIFAR, MRLALightResNet, MRLALightResNetCIFAR,
-                        ResNetCIFAR)
+from .backbones import (CrossLayerResNet, KCLAResNet, KCLAResNetCIFAR,
+                        LAResNet, LAResNetCIFAR, MRLALightResNet,
+                        MRLALightResNetCIFAR, ResNetCIFAR)
 from .decode_heads import UNetHead
 from .layers import KCLALayer, KCLAState, LALayer, LAState, MRLALightLayer
 

@@ -2,7 +2,8 @@
 """KCLA for OpenMMLab.
 
 Importing the package (what ``custom_imports = dict(imports=['kcla_mm'])``
-does) registers the backbones and the UNet head in mmdet's and mmseg's
+does) registers the backbones in mmdet's and mmseg's MODELS (and in
+mmpretrain's when the optional extra is installed), the UNet head in mmseg's
 MODELS, the medical datasets and the foreground-IoU metric in mmseg's
 registries, and allow-lists the types of mmengine training checkpoints for
 ``torch.load(weights_only=True)`` (:mod:`kcla_mm.utils.checkpoint_safety`).

@@ -39,8 +39,8 @@ def mmpretrain_models() -> Optional[Registry]:
 
 
 def register_backbone(
-        name: Union[str, Sequence[str], None] = None,
-        registries: Sequence[str] = ('mmdet', 'mmseg', 'mmpretrain')
+    name: Union[str, Sequence[str], None] = None,
+    registries: Sequence[str] = ('mmdet', 'mmseg', 'mmpretrain')
 ) -> Callable[[type], type]:
     """A class decorator that registers one backbone class under ``name``
     (default: the class name) in the MODELS registry of each of

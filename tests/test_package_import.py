@@ -3,10 +3,17 @@ import json
 import subprocess
 import sys
 
-# What kcla_mm registers into: loading these is the price of registration.
+from helpers import HAS_MMPRETRAIN
+
+# What kcla_mm registers into: loading these is the price of registration
+# (mmpretrain's registry only where the optional extra is installed).
 UPSTREAM = ('mmdet.models', 'mmdet.registry', 'mmseg.datasets',
             'mmseg.evaluation', 'mmseg.models', 'mmseg.registry',
-            'mmengine.logging')
+            'mmengine.logging') + (
+                ('mmpretrain.registry', ) if HAS_MMPRETRAIN else ())
+BACKBONES = ('KCLAResNet', 'LAResNet', 'MRLALightResNet', 'MRLALResNet',
+             'ResNetCIFAR', 'KCLAResNetCIFAR', 'LAResNetCIFAR',
+             'MRLALightResNetCIFAR')
 
 PROBE = f'''
 import json, sys
@@ -16,12 +23,17 @@ before = set(sys.modules)
 import kcla_mm
 from mmdet.registry import MODELS as DET
 from mmseg.registry import DATASETS, METRICS, MODELS as SEG
+try:
+    from mmpretrain.registry import MODELS as PRETRAIN
+except ImportError:
+    PRETRAIN = None
 print(json.dumps(dict(
     new=sorted(set(sys.modules) - before),
-    det=[n for n in ('KCLAResNet', 'LAResNet', 'MRLALightResNet',
-                     'MRLALResNet') if DET.get(n) is not None],
-    seg=[n for n in ('KCLAResNet', 'LAResNet', 'MRLALightResNet',
-                     'MRLALResNet', 'UNetHead') if SEG.get(n) is not None],
+    det=[n for n in {BACKBONES!r} if DET.get(n) is not None],
+    seg=[n for n in {BACKBONES!r} + ('UNetHead', )
+         if SEG.get(n) is not None],
+    pretrain=None if PRETRAIN is None else
+    [n for n in {BACKBONES!r} if PRETRAIN.get(n) is not None],
     datasets=[n for n in ('ISIC2017Dataset', 'ISIC2018Dataset',
                           'KvasirSEGDataset') if DATASETS.get(n) is not None],
     metrics=[n for n in ('ForegroundIoUMetric', )
@@ -38,12 +50,10 @@ def run_probe(code: str, *flags: str) -> subprocess.CompletedProcess:
 
 def test_import_registers_everything_and_loads_only_kcla_mm():
     out = json.loads(run_probe(PROBE).stdout.splitlines()[-1])
-    assert out['det'] == [
-        'KCLAResNet', 'LAResNet', 'MRLALightResNet', 'MRLALResNet'
-    ]
-    assert out['seg'] == [
-        'KCLAResNet', 'LAResNet', 'MRLALightResNet', 'MRLALResNet', 'UNetHead'
-    ]
+    assert out['det'] == list(BACKBONES)
+    assert out['seg'] == list(BACKBONES) + ['UNetHead']
+    # mmpretrain's registry has the backbones exactly where it is installed.
+    assert out['pretrain'] == (list(BACKBONES) if HAS_MMPRETRAIN else None)
     assert out['datasets'] == [
         'ISIC2017Dataset', 'ISIC2018Dataset', 'KvasirSEGDataset'
     ]

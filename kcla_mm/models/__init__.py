@@ -1,7 +1,7 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 """Backbones, layers and heads; each class registers itself where it is
-defined (backbones in mmdet's and mmseg's MODELS, the UNet head in
-mmseg's)."""
+defined (backbones in mmdet's and mmseg's MODELS, and mmpretrain's when
+it is installed; the UNet head in mmseg's)."""
 from .backbones import (CrossLayerResNet, KCLAResNet, KCLAResNetCIFAR,
                         LAResNet, LAResNetCIFAR, MRLALightResNet,
                         MRLALightResNetCIFAR, ResNetCIFAR)

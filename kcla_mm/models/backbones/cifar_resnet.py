@@ -40,8 +40,8 @@ def cifar_stage_blocks(depth: int, block: str) -> Tuple[int, int, int]:
         raise ValueError(f'block={block!r} must be one of '
                          f'{sorted(CIFAR_BLOCKS)}')
     per_block = CIFAR_BLOCKS[block][1]
-    if not isinstance(depth, int) or depth < per_block + 2 or (
-            depth - 2) % per_block:
+    fits = isinstance(depth, int) and depth >= per_block + 2
+    if not fits or (depth - 2) % per_block:
         raise ValueError(
             f'depth={depth!r} does not fit block={block!r}: it must be '
             f'{per_block}n+2 with n >= 1 (e.g. {per_block * 6 + 2})')
@@ -104,6 +104,12 @@ class CIFARLayoutMixin:
             out_indices=out_indices,
             norm_eval=norm_eval,
             **kwargs)
+
+    def train(self, mode: bool = True) -> nn.Module:
+        # mmdet's ResNet.train() returns None; nn.Module's contract (and
+        # `ResNetCIFAR().eval()`) expects the module back.
+        super().train(mode)
+        return self
 
     def _make_stem_layer(self, in_channels: int, stem_channels: int) -> None:
         # As mmdet's stem (conv1, bn1 keys), 3x3 stride 1 and no max-pool.

@@ -1,4 +1,5 @@
-"""Test a trained detector or segmentor (mmdet/mmseg style).
+"""Test a trained detector, segmentor or classifier (mmdet/mmseg/mmpretrain
+style).
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE]
         [--show-dir DIR] [--cfg-options data_root=PATH KEY=VALUE ...]
@@ -15,7 +16,7 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-import kcla_mm  # noqa: F401  registers KCLA modules in mmdet and mmseg
+import kcla_mm  # noqa: F401  registers the KCLA modules
 from kcla_mm.utils.config import load_config
 from kcla_mm.utils.distributed import (close_distributed,
                                        init_distributed_on_cpu)

@@ -1,10 +1,12 @@
-"""Train a detector or segmentor with a KCLA backbone (mmdet/mmseg style).
+"""Train a detector, segmentor or classifier with a KCLA backbone
+(mmdet/mmseg/mmpretrain style).
 
     python tools/train.py CONFIG [--work-dir DIR] [--resume [PATH]] [--amp]
         [--cfg-options data_root=data/coco/ KEY=VALUE ...]
         [--launcher none|pytorch|slurm|mpi]
 
-The config's ``default_scope`` (mmdet or mmseg) decides the registries.
+The config's ``default_scope`` (mmdet, mmseg or mmpretrain) decides the
+registries.
 ``--cfg-options data_root=PATH`` re-points every dataset and evaluator.
 """
 import argparse
@@ -17,7 +19,7 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-import kcla_mm  # noqa: F401  registers KCLA modules in mmdet and mmseg
+import kcla_mm  # noqa: F401  registers the KCLA modules
 from kcla_mm.utils.config import (PretrainedFileNotFoundError,
                                   check_pretrained_files, load_config)
 from kcla_mm.utils.distributed import (close_distributed,

@@ -68,6 +68,20 @@ def test_both_locks_pin_the_stacks_they_name():
     for lock in (main, torch21):
         assert [lock[n] for n in core] == ['0.10.7', '2.1.0', '3.3.0', '1.2.2']
         assert Version(lock['numpy']) < Version('2')
+    # The pretrain extra needs torchvision: only the torch 2.1.2 stack has
+    # it, and test_installed_versions_are_the_locked_ones checks it is
+    # installed there (its tests would otherwise skip unnoticed).
+    assert 'mmpretrain' not in main and torch21['mmpretrain'] == '1.2.0'
+
+
+def test_pretrain_extra_admits_the_locked_mmpretrain():
+    requires = [Requirement(r) for r in metadata.requires('kcla_mm')]
+    extra = [
+        r for r in requires
+        if r.marker is not None and r.marker.evaluate({'extra': 'pretrain'})
+    ]
+    assert [r.name for r in extra] == ['mmpretrain']
+    assert extra[0].specifier.contains(read_lock('torch21')['mmpretrain'])
 
 
 def test_library_requirements_are_ranges_that_admit_both_stacks():

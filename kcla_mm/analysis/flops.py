@@ -1,11 +1,13 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
-"""Parameters, FLOPs and activations of a whole mmdet or mmseg model.
+"""Parameters, FLOPs and activations of a whole mmdet, mmseg or mmpretrain
+model.
 
 Counted with mmengine's ``mmengine.analysis`` (fvcore's jit-trace counter):
 one multiply-add counts as one FLOP, as in mmdet's and mmseg's get_flops
 tools (so the figures are MACs). The model runs in eval mode on one
 1x3xHxW zero image, detectors in mmdet's ``mode='tensor'`` (backbone, neck,
-RPN, RoI heads, without NMS post-processing) and segmentors in mmseg's.
+RPN, RoI heads, without NMS post-processing), segmentors in mmseg's and
+classifiers in mmpretrain's (the logits).
 
 mmengine has no counting rule for the ops that carry the layer attention:
 :data:`kcla_mm.analysis.complexity.ATTENTION_OP_HANDLES` adds them (the
@@ -24,7 +26,7 @@ from mmengine.registry import MODELS, init_default_scope
 
 from .complexity import ATTENTION_OP_HANDLES
 
-SCOPES = ('mmdet', 'mmseg')
+SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 # mmdet's get_flops default input for detectors, (H, W).
 DETECTION_SHAPE = (1280, 800)
 
@@ -33,12 +35,12 @@ def config_scope(cfg: Config) -> str:
     """The config's ``default_scope`` (mmdet when it has none).
 
     Raises:
-        ValueError: The scope is neither mmdet nor mmseg.
+        ValueError: The scope is not one of :data:`SCOPES`.
     """
     scope = cfg.get('default_scope', 'mmdet')
     if scope not in SCOPES:
         raise ValueError(f"{cfg.filename}: default_scope is {scope!r}; "
-                         "expected 'mmdet' or 'mmseg'")
+                         f'expected one of {SCOPES}')
     return scope
 
 
@@ -47,9 +49,14 @@ def default_input_shape(cfg: Config) -> Tuple[int, int]:
 
     mmdet's get_flops default (1280, 800) for detectors; the crop size the
     segmentor is trained on for segmentors (the data preprocessor's
-    ``size`` when the config has no ``crop_size``).
+    ``size`` when the config has no ``crop_size``); for classifiers the
+    test crop (``CenterCrop``, ImageNet) or the training crop
+    (``RandomCrop``, CIFAR, whose test images are not resized).
     """
-    if config_scope(cfg) == 'mmseg':
+    scope = config_scope(cfg)
+    if scope == 'mmpretrain':
+        return classifier_input_shape(cfg)
+    if scope == 'mmseg':
         size = (
             cfg.get('crop_size')
             or cfg.model.get('data_preprocessor', {}).get('size'))
@@ -58,8 +65,28 @@ def default_input_shape(cfg: Config) -> Tuple[int, int]:
     return DETECTION_SHAPE
 
 
-def _data_samples(scope: str, height: int, width: int) -> List[Any]:
-    """One data sample with the meta information the heads read."""
+def classifier_input_shape(cfg: Config) -> Tuple[int, int]:
+    """The (H, W) a classifier config evaluates at (see
+    :func:`default_input_shape`)."""
+    for loader, crop in (('test_dataloader', 'CenterCrop'),
+                         ('train_dataloader', 'RandomCrop')):
+        pipeline = cfg.get(loader, {}).get('dataset', {}).get('pipeline', [])
+        for transform in pipeline:
+            if transform.get('type') == crop:
+                size = transform['crop_size']
+                if isinstance(size, int):
+                    return size, size
+                return int(size[1]), int(size[0])  # mmpretrain: (w, h)
+    raise ValueError(f'{cfg.filename}: found no CenterCrop in the test '
+                     'pipeline nor RandomCrop in the training pipeline to '
+                     'take the input size from; pass --shape H W')
+
+
+def _data_samples(scope: str, height: int, width: int) -> Optional[List[Any]]:
+    """One data sample with the meta information the heads read (None
+    for classifiers, whose ``mode='tensor'`` needs none)."""
+    if scope == 'mmpretrain':
+        return None
     meta = dict(
         img_shape=(height, width),
         ori_shape=(height, width),
@@ -92,7 +119,7 @@ def analyse_config(cfg: Config,
     ``1x3xHxW`` image.
 
     Args:
-        cfg (Config): An mmdet or mmseg config.
+        cfg (Config): An mmdet, mmseg or mmpretrain config.
         height (int, optional): Input height; with ``width`` None, both
             default to :func:`default_input_shape`.
         width (int, optional): Input width.

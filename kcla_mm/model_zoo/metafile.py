@@ -19,6 +19,9 @@ DATASETS = {
     'ISIC2017Dataset': 'ISIC 2017',
     'ISIC2018Dataset': 'ISIC 2018',
     'KvasirSEGDataset': 'Kvasir-SEG',
+    'ImageNet': 'ImageNet-1k',
+    'CIFAR100': 'CIFAR-100',
+    'CIFAR10': 'CIFAR-10',
 }
 
 
@@ -47,7 +50,8 @@ def metafile_entry(config: str,
             is written relative to it.
         shape (Sequence[int], optional): (H, W) to count FLOPs at. Defaults
             to :func:`kcla_mm.analysis.flops.default_input_shape`
-            (detection 1280x800, segmentation the crop size).
+            (detection 1280x800, segmentation the crop size,
+            classification the test crop).
 
     Returns:
         dict: ``Name``, ``In Collection``, ``Config`` and ``Metadata``.
@@ -65,8 +69,10 @@ def metafile_entry(config: str,
         metadata['Task'] = ('Instance Segmentation'
                             if 'mask_head' in cfg.model.get('roi_head', {})
                             else 'Object Detection')
-    else:
+    elif scope == 'mmseg':
         metadata['Task'] = 'Semantic Segmentation'
+    else:
+        metadata['Task'] = 'Image Classification'
     metadata['Training Data'] = DATASETS.get(dataset.type, dataset.type)
     train_cfg = cfg.train_cfg
     if 'max_epochs' in train_cfg:

@@ -1,4 +1,4 @@
-"""Parameters and FLOPs of a kcla_mm (mmdet or mmseg) config.
+"""Parameters and FLOPs of a kcla_mm (mmdet, mmseg or mmpretrain) config.
 
     python tools/analysis/get_flops.py CONFIG [--shape H W] [--backbone-only]
         [--cfg-options KEY=VALUE ...] [--show-table]

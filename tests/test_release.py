@@ -531,8 +531,7 @@ def test_metafile_parameter_counts_are_the_models(repo_root):
     from kcla_mm.model_zoo import load_model_index
     configs = {m.name: m.config for m in load_model_index().values()}
     entries = [
-        entry for folder in ('kcla', 'baselines')
-        for entry in yaml.safe_load(
+        entry for folder in ('kcla', 'baselines') for entry in yaml.safe_load(
             open(osp.join(repo_root, 'configs', folder, 'metafile.yml')))
         ['Models']
     ]

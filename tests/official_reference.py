@@ -33,10 +33,10 @@ def _conv1d(k):
 
 class OfficialKCLA(nn.Module):
 
-    def __init__(self, c, init_layer, stride=2, drop_path=0.):
+    def __init__(self, c, init_layer, stride=2, drop_path=0., head=64):
         super().__init__()
-        self.head = 64
-        self.heads = c // 64
+        self.head = head  # 64 in the ImageNet model, 16 in the CIFAR one
+        self.heads = c // head
         self.init_layer = init_layer
         self.drop_path = drop_path
         k = _eca_k(c)

@@ -1,14 +1,24 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
-"""Key mapping from the official KCLA ImageNet checkpoints to KCLAResNet."""
+"""Key mapping from the official KCLA checkpoints (github bgx666/KCLA) to
+kcla_mm's models.
+
+Two official layouts: the ImageNet model (``imagenet/kcla_resnet.py``:
+``layerN.layers.J.*``, ``layerN.attention.J.*``) maps onto
+:class:`KCLAResNet`, the CIFAR model (``cifar/models/cifar/KCLA.py``:
+``stages.I.J.*``, ``stages.I.J.kcla.*``) onto :class:`KCLAResNetCIFAR`.
+Both map their ``fc`` onto the ``head.fc`` of an mmpretrain classifier
+when the head is asked for.
+"""
 import os.path as osp
 import re
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .backbones import KCLAResNet
+from .backbones import KCLAResNet, KCLAResNetCIFAR
+from .backbones.cifar_resnet import CIFAR_BLOCKS
 
 # official KCLA layer attribute -> KCLALayer attribute
 KCLA_MODULE_NAMES = {
@@ -28,18 +38,52 @@ STATE_MODULES = ('adjust_channel', 'u_Wk', 'u_bn')
 
 _BLOCK_KEY = re.compile(r'^layer(\d+)\.layers\.(\d+)\.(.+)$')
 _KCLA_KEY = re.compile(r'^layer(\d+)\.attention\.(\d+)\.([^.]+)(.*)$')
+# The CIFAR model: stages.I.J.<block module> and stages.I.J.kcla.<module>.
+_CIFAR_KCLA_KEY = re.compile(r'^stages\.(\d+)\.(\d+)\.kcla\.([^.]+)(.*)$')
+_CIFAR_BLOCK_KEY = re.compile(r'^stages\.(\d+)\.(\d+)\.(.+)$')
+
+IMAGENET, CIFAR = 'imagenet', 'cifar'
+# The classifier config each official model matches:
+# (layout, depth, block, num_classes) -> config.
+CLASSIFIER_CONFIGS = {
+    (IMAGENET, 50, 'Bottleneck', 1000): 'configs/kcla/kcla-r50_8xb32_in1k.py',
+    (IMAGENET, 101, 'Bottleneck', 1000):
+    'configs/kcla/kcla-r101_8xb32_in1k.py',
+    (CIFAR, 56, 'Bottleneck', 100): 'configs/kcla/kcla-r56_1xb128_cifar100.py',
+    (CIFAR, 56, 'Bottleneck', 10): 'configs/kcla/kcla-r56_1xb128_cifar10.py',
+}
 
 
 class OfficialCheckpointError(ValueError):
-    """The file is not an official KCLA ImageNet checkpoint we can map."""
+    """The file is not an official KCLA checkpoint we can map."""
 
 
 @dataclass
 class ConversionResult:
+    """A converted checkpoint.
+
+    Attributes:
+        depth (int): The network depth.
+        state_dict (dict): The backbone's tensors (keys of ``backbone``),
+            or the classifier's (``backbone.*``, ``head.fc.*``) when the
+            head was asked for.
+        dropped (dict): Official key -> why it has no counterpart.
+        meta (dict): What the checkpoint was converted from, and the
+            classifier config it matches (``config``, None when no config
+            of the repository has that depth and class count).
+        layout (str): ``'imagenet'`` or ``'cifar'``.
+        block (str): ``'Bottleneck'`` or ``'BasicBlock'``.
+        num_classes (int): Outputs of the official fc.
+        backbone (str): The kcla_mm backbone type the keys are for.
+    """
     depth: int
     state_dict: Dict[str, Tensor]
     dropped: Dict[str, str] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    layout: str = IMAGENET
+    block: str = 'Bottleneck'
+    num_classes: int = 1000
+    backbone: str = 'KCLAResNet'
 
 
 def load_official_state_dict(path: str) -> Dict[str, Tensor]:
@@ -63,16 +107,47 @@ def load_official_state_dict(path: str) -> Dict[str, Tensor]:
         (k[len('module.'):] if k.startswith('module.') else k): v
         for k, v in state.items()
     }
-    if not any(k.startswith('layer1.attention.') for k in state):
+    if layout_of(state) is None:
         raise OfficialCheckpointError(
-            f"{path} is not an official KCLA ImageNet checkpoint: it has no "
-            "'layer1.attention.*' keys (found e.g. "
+            f"{path} is not an official KCLA checkpoint: it has no "
+            "'layer1.attention.*' keys (ImageNet model) and no "
+            "'stages.0.0.kcla.*' keys (CIFAR model) (found e.g. "
             f'{sorted(state)[:3]})')
     bad = [k for k, v in state.items() if not isinstance(v, Tensor)]
     if bad:
         raise OfficialCheckpointError(
             f'{path}: state_dict entries that are not tensors: {bad[:5]}')
     return state
+
+
+def layout_of(state: Dict[str, Tensor]) -> Optional[str]:
+    """``'imagenet'``, ``'cifar'`` or None: which official model the keys
+    are of."""
+    if any(k.startswith('layer1.attention.') for k in state):
+        return IMAGENET
+    if any(k.startswith('stages.0.0.kcla.') for k in state):
+        return CIFAR
+    return None
+
+
+def infer_cifar_arch(state: Dict[str, Tensor],
+                     path: str = '<state_dict>') -> Tuple[int, str]:
+    """(depth, block name) of an official CIFAR model's keys: n blocks per
+    stage; Bottleneck blocks have a conv3."""
+    blocks = {}
+    for key in state:
+        match = _CIFAR_BLOCK_KEY.match(key)
+        if match:
+            stage, block = int(match.group(1)), int(match.group(2))
+            blocks[stage] = max(blocks.get(stage, 0), block + 1)
+    stage_blocks = tuple(blocks.get(i, 0) for i in range(3))
+    if len(blocks) != 3 or len(set(stage_blocks)) != 1 or not stage_blocks[0]:
+        raise OfficialCheckpointError(
+            f'{path}: blocks per stage {tuple(sorted(blocks.items()))} are '
+            'not the three equal stages of the official CIFAR ResNet')
+    block = ('Bottleneck'
+             if 'stages.0.0.conv3.weight' in state else 'BasicBlock')
+    return CIFAR_BLOCKS[block][1] * stage_blocks[0] + 2, block
 
 
 def infer_depth(state: Dict[str, Tensor], path: str = '<state_dict>') -> int:
@@ -92,62 +167,118 @@ def infer_depth(state: Dict[str, Tensor], path: str = '<state_dict>') -> int:
         '152: (3, 8, 36, 3))')
 
 
-def official_to_mm_key(key: str) -> str:
-    """Maps one official key to its KCLAResNet name ('' for fc.*)."""
-    if key.startswith('fc.'):
-        return ''
-    match = _BLOCK_KEY.match(key)
-    if match:
-        return f'layer{match.group(1)}.{match.group(2)}.{match.group(3)}'
+def _kcla_module_key(key: str) -> Optional[Tuple[int, str, str, str]]:
+    """(stage from 1, block, official module, rest) of a KCLA layer key of
+    either layout; None for other keys."""
     match = _KCLA_KEY.match(key)
     if match:
         stage, block, module, rest = match.groups()
+        return int(stage), block, module, rest
+    match = _CIFAR_KCLA_KEY.match(key)
+    if match:
+        stage, block, module, rest = match.groups()
+        return int(stage) + 1, block, module, rest
+    return None
+
+
+def official_to_mm_key(key: str) -> str:
+    """Maps one official key (either layout) to its name in the kcla_mm
+    backbone ('' for fc.*)."""
+    if key.startswith('fc.'):
+        return ''
+    kcla = _kcla_module_key(key)
+    if kcla:
+        stage, block, module, rest = kcla
         if module not in KCLA_MODULE_NAMES:
             raise OfficialCheckpointError(
                 f'unknown KCLA module {module!r} in key {key!r}')
         return (f'layer{stage}.{block}.kcla.'
                 f'{KCLA_MODULE_NAMES[module]}{rest}')
+    match = _BLOCK_KEY.match(key)
+    if match:
+        return f'layer{match.group(1)}.{match.group(2)}.{match.group(3)}'
+    match = _CIFAR_BLOCK_KEY.match(key)
+    if match:
+        stage, block, rest = match.groups()
+        return f'layer{int(stage) + 1}.{block}.{rest}'
     return key  # stem: conv1.*, bn1.*
 
 
-def convert_official_checkpoint(path: str) -> ConversionResult:
-    """Converts an official checkpoint file; every official key is either
-    mapped onto KCLAResNet or reported in ``dropped``."""
+def convert_official_checkpoint(path: str,
+                                with_head: bool = False) -> ConversionResult:
+    """Converts an official checkpoint file (ImageNet or CIFAR model); every
+    official key is either mapped or reported in ``dropped``.
+
+    Args:
+        path (str): The official checkpoint (``module.``-prefixed keys and
+            a ``{'state_dict': ...}`` wrapper are accepted).
+        with_head (bool): Also map the official ``fc`` onto the
+            ``head.fc`` of the matching mmpretrain classifier, with keys
+            ``backbone.*`` and ``head.fc.*``. Defaults to False (the
+            backbone's keys only; ``fc.*`` is reported as dropped).
+    """
     state = load_official_state_dict(path)
-    depth = infer_depth(state, path)
-    target = KCLAResNet(depth=depth).state_dict()
+    layout = layout_of(state)
+    if layout == IMAGENET:
+        depth, block = infer_depth(state, path), 'Bottleneck'
+        backbone = KCLAResNet(depth=depth)
+    else:
+        depth, block = infer_cifar_arch(state, path)
+        backbone = KCLAResNetCIFAR(depth=depth, block=block)
+    name = f'{type(backbone).__name__}-{depth}'
+    target = backbone.state_dict()
+    for key in ('fc.weight', 'fc.bias'):
+        if key not in state:
+            raise OfficialCheckpointError(
+                f"{path}: no '{key}' (the official classifier head)")
+    num_classes = state['fc.weight'].shape[0]
     converted, dropped = {}, {}
     for key, value in state.items():
         new_key = official_to_mm_key(key)
         if not new_key:
-            dropped[key] = 'ImageNet classifier head'
+            if with_head:
+                converted[f'head.{key}'] = value.clone()
+            else:
+                dropped[key] = 'classifier head (use --with-head to keep it)'
             continue
         if new_key not in target:
-            match = _KCLA_KEY.match(key)
-            if match and match.group(3) in STATE_MODULES:
+            kcla = _kcla_module_key(key)
+            if kcla and kcla[2] in STATE_MODULES:
                 dropped[key] = 'never used by the official forward pass'
                 continue
             raise OfficialCheckpointError(
                 f'{path}: key {key!r} (-> {new_key!r}) has no counterpart in '
-                f'KCLAResNet-{depth}')
+                f'{name}')
         expected = target[new_key].shape
         if value.shape != expected:
             if value.numel() != expected.numel(
             ) or not new_key.endswith('.tau'):
                 raise OfficialCheckpointError(
                     f'{path}: key {key!r} has shape {tuple(value.shape)}, '
-                    f'KCLAResNet-{depth} expects {tuple(expected)} for '
-                    f'{new_key!r}')
+                    f'{name} expects {tuple(expected)} for {new_key!r}')
             value = value.reshape(expected)  # norm_d is (1, heads, 1, 1, 1)
-        converted[new_key] = value.clone()
-    missing = sorted(set(target) - set(converted))
+        converted[f'backbone.{new_key}' if with_head else new_key] = \
+            value.clone()
+    prefix = 'backbone.' if with_head else ''
+    missing = sorted(
+        set(target) -
+        {k[len(prefix):]
+         for k in converted if k.startswith(prefix)})
     if missing:
         raise OfficialCheckpointError(
-            f'{path}: KCLAResNet-{depth} keys missing from the checkpoint: '
+            f'{path}: {name} keys missing from the checkpoint: '
             f'{missing[:10]}{" ..." if len(missing) > 10 else ""}')
+    config = CLASSIFIER_CONFIGS.get((layout, depth, block, num_classes))
     meta = dict(
         converted_from=osp.basename(path),
         converter='kcla_mm tools/model_converters/kcla_official2mm.py',
+        official_model=layout,
+        backbone=type(backbone).__name__,
         depth=depth,
+        block=block,
+        num_classes=int(num_classes),
+        config=config,
         dropped_keys=sorted(dropped))
-    return ConversionResult(depth, converted, dropped, meta)
+    return ConversionResult(depth, converted, dropped, meta, layout, block,
+                            int(num_classes),
+                            type(backbone).__name__)

@@ -23,7 +23,12 @@ FORMATS = {
 NORMS = {'BN': dict(type='BN'), 'GN': dict(type='GN', num_groups=4)}
 
 
-def make_case(case, n=3, norm='BN', drop_path=0., inplace=False):
+def make_case(case,
+              n=3,
+              norm='BN',
+              drop_path=0.,
+              inplace=False,
+              zero_init_branch=False):
     """A randomised layer, its input and its incoming state.
 
     'adapt' changes width 128 -> 256 and size 17x13 -> 9x7 (Algorithm 1
@@ -38,6 +43,7 @@ def make_case(case, n=3, norm='BN', drop_path=0., inplace=False):
             norm_cfg=NORMS[norm],
             drop_path=drop_path,
             inplace=inplace,
+            zero_init_branch=zero_init_branch,
             **kwargs))
     x = torch.rand(n, 256, 9, 7)
     state = incoming_state(case, n)
@@ -123,6 +129,32 @@ def test_fused_forward_float64(float64, case, mode, n, memory_format):
     y_ref, state_ref = layer.forward_reference(x, state)
     assert_same_values_and_gradients((y, *new_state), (y_ref, *state_ref),
                                      inputs, layer)
+
+
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('case', CASES)
+def test_fused_forward_with_a_branch_scale_float64(float64, case, mode):
+    """zero_init_branch's per-channel scale (randomised here, so that it
+    is not zero) in the fused path, train and eval, every gradient; and in
+    inference in place."""
+    layer, x, state = make_case(case, zero_init_branch=True)
+    assert layer.branch_scale.abs().min() > 0
+    layer.train(mode == 'train')
+    x.requires_grad_()
+    inputs = [x] + ([] if state is None else
+                    [state.u.requires_grad_(),
+                     state.z.requires_grad_()])
+    y, new_state = fused_forward(layer, x, state)
+    y_ref, state_ref = layer.forward_reference(x, state)
+    assert_same_values_and_gradients((y, *new_state), (y_ref, *state_ref),
+                                     inputs, layer)
+    layer.eval()
+    with torch.no_grad():
+        y_ref, _ = layer.forward_reference(x, state)
+        state_in = None if state is None else KCLAState(
+            state.u.clone(), state.z.clone())
+        y, _ = fused_forward(layer, x.detach().clone(), state_in, inplace=True)
+    assert_close_to_max(y, y_ref, 1e-12)
 
 
 @pytest.mark.parametrize('inplace', [False, True])

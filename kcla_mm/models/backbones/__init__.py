@@ -6,7 +6,7 @@ from .la_resnet import LAResNet
 from .mrla_light_resnet import MRLALightResNet
 
 __all__ = [
-    'CIFARLayoutMixin', 'CrossLayerResLayer', 'CrossLayerResNet',
-    'KCLAResNet', 'KCLAResNetCIFAR', 'LAResNet', 'LAResNetCIFAR',
-    'MRLALightResNet', 'MRLALightResNetCIFAR', 'ResNetCIFAR'
+    'CIFARLayoutMixin', 'CrossLayerResLayer', 'CrossLayerResNet', 'KCLAResNet',
+    'KCLAResNetCIFAR', 'LAResNet', 'LAResNetCIFAR', 'MRLALightResNet',
+    'MRLALightResNetCIFAR', 'ResNetCIFAR'
 ]

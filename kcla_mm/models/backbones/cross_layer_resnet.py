@@ -78,11 +78,25 @@ class CrossLayerResNet(ResNet):
         depth (int): ResNet depth, a key of ``arch_settings``.
         head_dim (int): Channels per attention head; must divide every stage
             width.
+        zero_init_attention (bool): Start every attention branch at zero
+            through a learnable per-channel scale (``branch_scale``) that
+            starts at 0, so that plain ResNet weights (torchvision or
+            open-mmlab keys, e.g. ``init_cfg=dict(type='Pretrained',
+            checkpoint='torchvision://resnet50')``) give exactly the plain
+            ResNet's features at step 0 and the branches grow from there.
+            (A zero weight of the branch's output norm would stop every
+            gradient at the ReLU after it.) Default: False (the official
+            architecture, no extra parameter).
         **kwargs: Arguments of mmdet's ``ResNet``.
     """
     attention_name = 'attention'
 
-    def __init__(self, depth: int, head_dim: int, **kwargs):
+    def __init__(self,
+                 depth: int,
+                 head_dim: int,
+                 zero_init_attention: bool = False,
+                 **kwargs):
+        self.zero_init_attention = zero_init_attention
         self._check_args(depth, head_dim, kwargs)
         # make_res_layer() runs inside ResNet.__init__ and needs this.
         self.in_channels = kwargs.get('in_channels', 3)
@@ -119,9 +133,11 @@ class CrossLayerResNet(ResNet):
     @staticmethod
     def shared_layer_cfg(resnet_kwargs: dict, **layer_cfg) -> dict:
         """``layer_cfg`` plus the ResNet's ``conv_cfg`` and ``norm_cfg``,
-        which the attention modules use too (so SyncBN/GN reach them)."""
+        which the attention modules use too (so SyncBN/GN reach them), and
+        ``zero_init_attention`` as the layers' ``zero_init_branch``."""
         return dict(
             layer_cfg,
+            zero_init_branch=resnet_kwargs.get('zero_init_attention', False),
             conv_cfg=resnet_kwargs.get('conv_cfg'),
             norm_cfg=resnet_kwargs.get('norm_cfg',
                                        dict(type='BN', requires_grad=True)))

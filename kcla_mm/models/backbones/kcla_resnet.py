@@ -35,6 +35,9 @@ class KCLAResNet(CrossLayerResNet):
             place. Saves memory traffic, but a forward hook that keeps a
             block's output (``layerN.J``) sees it overwritten by the next
             step. Default: False.
+        zero_init_attention (bool): Start every attention branch at zero
+            (warm start from plain ResNet weights), see
+            :class:`CrossLayerResNet`. Default: False.
         **kwargs: Arguments of mmdet's ``ResNet`` (depth, in_channels,
             base_channels, num_stages, strides, dilations, out_indices, style,
             deep_stem, avg_down, frozen_stages, conv_cfg, norm_cfg, norm_eval,

@@ -22,6 +22,9 @@ class LAResNet(CrossLayerResNet):
         head_dim (int): Channels per head. Default: 64 (as KCLA).
         la_drop_path (float): Drop-path rate of the attention branch.
             Default: 0.2 (as KCLA).
+        zero_init_attention (bool): Start every attention branch at zero
+            (warm start from plain ResNet weights), see
+            :class:`CrossLayerResNet`. Default: False.
         **kwargs: Arguments of mmdet's ``ResNet`` (depth, in_channels,
             base_channels, num_stages, strides, dilations, out_indices, style,
             deep_stem, avg_down, frozen_stages, conv_cfg, norm_cfg, norm_eval,

@@ -84,6 +84,30 @@ def build_state_adapter(conv_cfg: Optional[dict], state_channels: int,
         bias=False)
 
 
+def zero_branch_scale(channels: int, enabled: bool) -> Optional[nn.Parameter]:
+    """The per-channel scale of a branch that starts at zero, or None.
+
+    Starting a layer-attention branch at zero makes a backbone loaded from
+    plain ResNet weights compute exactly the plain ResNet's features at
+    step 0. Zeroing the output norm's weight (and bias) would do that too,
+    but the branch ends in ``ReLU(Norm(.))``: the ReLU's input would be
+    exactly 0, where its gradient is 0, so the norm and everything before
+    it would never receive a gradient. A learnable scale after the branch
+    (as LayerScale / SkipInit) gets the branch output as its gradient and
+    lets the branch grow from zero.
+    """
+    return nn.Parameter(torch.zeros(channels)) if enabled else None
+
+
+def scale_branch(branch: Tensor, scale: Optional[Tensor]) -> Tensor:
+    """``branch`` times the per-channel ``scale`` (see
+    :func:`zero_branch_scale`), in the branch's dtype; unchanged when
+    ``scale`` is None."""
+    if scale is None:
+        return branch
+    return branch * scale.to(branch.dtype).view(1, -1, 1, 1)
+
+
 def add_branch(x: Tensor, branch: Tensor, drop_path: float,
                training: bool) -> Tensor:
     """x + DropPath(branch), per sample, out of place."""

@@ -25,7 +25,8 @@ from torch import Tensor
 
 from ...torch_compat import is_autocast_enabled
 from .attention_branch import (add_branch, at_least_fp32, bn_affine,
-                               head_scaled_add, is_frozen_bn, spatial_mean)
+                               head_scaled_add, is_frozen_bn, scale_branch,
+                               spatial_mean)
 from .kcla_state import STATE_EPS, KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,7 +131,9 @@ def fused_forward(layer: 'KCLALayer',
             layer.split_heads(x), w[..., None, None, None])
     else:
         u, z = head_scaled_add(state.u, w, x), state.z + w
-    out = folded_value(layer, u, gate / (z + STATE_EPS), x.dtype)
+    out = scale_branch(
+        folded_value(layer, u, gate / (z + STATE_EPS), x.dtype),
+        layer.branch_scale)
     if in_place and not (layer.training and layer.drop_path > 0):
         x = x.add_(out)
     else:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .attention_branch import (add_branch, at_least_fp32, build_state_adapter,
                                check_branch_args, eca_conv1d, init_cfg_list,
-                               spatial_mean)
+                               scale_branch, spatial_mean, zero_branch_scale)
 from .kcla_fused import fused_forward
 from .kcla_state import STATE_EPS, KCLAState
 
@@ -94,6 +94,12 @@ class KCLALayer(BaseModule):
             place, saving two tensors per block. A forward hook that keeps
             the output of the block (``layerN.J``) or of this layer then
             sees it change, so it is off unless asked for. Default: False.
+        zero_init_branch (bool): Multiply the branch output by a learnable
+            per-channel ``branch_scale`` that starts at zero, so that the
+            layer starts as the identity (warm start from plain ResNet
+            weights; see :func:`.attention_branch.zero_branch_scale` for
+            why not a zero norm weight). Default: False (no such parameter,
+            as the official model).
         conv_cfg (dict, optional): Config of the state adaptation conv.
             Default: None (nn.Conv2d).
         norm_cfg (dict): Config of the output and state norms.
@@ -112,6 +118,7 @@ class KCLALayer(BaseModule):
                  drop_path: float = 0.2,
                  implementation: str = 'fused',
                  inplace: bool = False,
+                 zero_init_branch: bool = False,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),
                  init_cfg=(dict(type='Kaiming', layer='Conv2d'),
@@ -140,6 +147,7 @@ class KCLALayer(BaseModule):
         # Phi: the learnable map over heads of ||Q_h|| cos(theta_h).
         self.head_mix = nn.Linear(self.num_heads, self.num_heads, bias=False)
         self.norm = build_norm_layer(norm_cfg, channels)[1]
+        self.branch_scale = zero_branch_scale(channels, zero_init_branch)
         # Fixed, but kept in the state dict so a checkpoint carries the
         # temperatures it was trained with.
         self.register_buffer(
@@ -223,6 +231,7 @@ class KCLALayer(BaseModule):
             z = state.z + z
         u = u.flatten(1, 2)
         out = self.branch(u, z, self.gate(query, key), x.dtype)
+        out = scale_branch(out, self.branch_scale)
         # X^t + DropPath(.)
         x = add_branch(x, out, self.drop_path, self.training)
         return x, KCLAState(u, z)

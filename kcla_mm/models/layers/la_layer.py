@@ -22,7 +22,8 @@ from torch import Tensor
 
 from .attention_branch import (add_branch, at_least_fp32, build_state_adapter,
                                check_branch_args, eca_conv1d, head_scaled_add,
-                               init_cfg_list, spatial_mean)
+                               init_cfg_list, scale_branch, spatial_mean,
+                               zero_branch_scale)
 
 
 class LAState(NamedTuple):
@@ -69,6 +70,12 @@ class LALayer(BaseModule):
             X^t. Default: 1.
         drop_path (float): Drop-path rate of the attention branch.
             Default: 0.2.
+        zero_init_branch (bool): Multiply the branch output by a learnable
+            per-channel ``branch_scale`` that starts at zero, so that the
+            layer starts as the identity (warm start from plain ResNet
+            weights; see :func:`.attention_branch.zero_branch_scale` for
+            why not a zero norm weight). Default: False (no such parameter,
+            as the official model).
         conv_cfg (dict, optional): Config of the cache adaptation conv.
             Default: None (nn.Conv2d).
         norm_cfg (dict): Config of the output and cache norms.
@@ -82,6 +89,7 @@ class LALayer(BaseModule):
                  state_channels: Optional[int] = None,
                  state_stride: int = 1,
                  drop_path: float = 0.2,
+                 zero_init_branch: bool = False,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),
                  init_cfg: Sequence[dict] = (dict(
@@ -103,6 +111,7 @@ class LALayer(BaseModule):
         self.value_conv = nn.Conv2d(
             channels, channels, 3, padding=1, groups=channels, bias=False)
         self.norm = build_norm_layer(norm_cfg, channels)[1]
+        self.branch_scale = zero_branch_scale(channels, zero_init_branch)
 
         if state_channels != channels or state_stride != 1:
             self.state_adapt = build_state_adapter(conv_cfg, state_channels,
@@ -158,4 +167,5 @@ class LALayer(BaseModule):
         out = F.relu(
             self.norm(self.value_conv(aggregate.to(x.dtype))), inplace=True)
         # Out of place: x itself is cached as this block's value.
+        out = scale_branch(out, self.branch_scale)
         return add_branch(x, out, self.drop_path, self.training), state

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from .attention_branch import (add_branch, build_state_adapter,
                                check_branch_args, eca_conv1d, head_scaled_add,
-                               init_cfg_list, spatial_mean)
+                               init_cfg_list, scale_branch, spatial_mean,
+                               zero_branch_scale)
 
 
 class MRLALightLayer(BaseModule):
@@ -56,6 +57,12 @@ class MRLALightLayer(BaseModule):
             Default: True.
         drop_path (float): Drop-path rate of the attention branch.
             Default: 0.2 (official ImageNet training).
+        zero_init_branch (bool): Multiply the branch output by a learnable
+            per-channel ``branch_scale`` that starts at zero, so that the
+            layer starts as the identity (warm start from plain ResNet
+            weights; see :func:`.attention_branch.zero_branch_scale` for
+            why not a zero norm weight). Default: False (no such parameter,
+            as the official model).
         conv_cfg (dict, optional): Config of the state adaptation conv.
             Default: None (nn.Conv2d).
         norm_cfg (dict): Config of the output and state norms.
@@ -72,6 +79,7 @@ class MRLALightLayer(BaseModule):
                  state_stride: int = 1,
                  receives_state: bool = True,
                  drop_path: float = 0.2,
+                 zero_init_branch: bool = False,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),
                  init_cfg: Sequence[dict] = (dict(
@@ -93,6 +101,7 @@ class MRLALightLayer(BaseModule):
         self.value_conv = nn.Conv2d(
             channels, channels, 3, padding=1, groups=channels, bias=False)
         self.norm = build_norm_layer(norm_cfg, channels)[1]
+        self.branch_scale = zero_branch_scale(channels, zero_init_branch)
         # lambda^t, one per channel.
         self.decay = nn.Parameter(
             torch.randn(channels)) if receives_state else None
@@ -135,5 +144,5 @@ class MRLALightLayer(BaseModule):
                                  'receives_state=False but got a state')
             out = torch.addcmul(out, self.adapt(state),
                                 self.decay.view(1, -1, 1, 1).to(out.dtype))
-        return add_branch(x, self.norm(out), self.drop_path,
-                          self.training), out
+        branch = scale_branch(self.norm(out), self.branch_scale)
+        return add_branch(x, branch, self.drop_path, self.training), out

@@ -1,6 +1,7 @@
 """Helpers shared by the test modules (fixtures live in conftest.py)."""
 import importlib.util
 import os.path as osp
+import socket
 import subprocess
 from types import ModuleType
 
@@ -84,3 +85,10 @@ def incoming_state(case: str, n: int):
     return KCLAState(
         torch.rand(n, c_in, *size) * 5,
         torch.rand(n, c_in // 64) + 0.5)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a distributed test run."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]

@@ -5,14 +5,13 @@ import os
 import os.path as osp
 import pickle
 import re
-import socket
 import sys
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import ROOT, output_of, requires_mmpretrain
+from helpers import ROOT, free_port, output_of, requires_mmpretrain
 
 pytestmark = requires_mmpretrain
 
@@ -398,12 +397,6 @@ def test_mim_train_and_test(imagenet_root, tmp_path):
         *tiny_options(imagenet_root),
         env=env)
     assert 0 <= top1(log) <= 100
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def test_dist_train_two_gloo_processes(imagenet_root, tmp_path):

@@ -4,13 +4,12 @@ import json
 import os
 import os.path as osp
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from helpers import output_of
+from helpers import free_port, output_of
 
 CLASSES = '(circle,rectangle,triangle)'
 CONFIGS = {
@@ -155,12 +154,6 @@ def test_allow_list_refuses_other_getattr():
         _history_buffer_getattr(os, 'system')
     with pytest.raises(Exception, match='only HistoryBuffer'):
         _history_buffer_getattr(HistoryBuffer, '__init__')
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def test_dist_train_two_cpu_processes(coco_root, tmp_path, repo_root):

@@ -70,12 +70,9 @@ class LALayer(BaseModule):
             X^t. Default: 1.
         drop_path (float): Drop-path rate of the attention branch.
             Default: 0.2.
-        zero_init_branch (bool): Multiply the branch output by a learnable
-            per-channel ``branch_scale`` that starts at zero, so that the
-            layer starts as the identity (warm start from plain ResNet
-            weights; see :func:`.attention_branch.zero_branch_scale` for
-            why not a zero norm weight). Default: False (no such parameter,
-            as the official model).
+        zero_init_branch (bool): Start the branch at zero through a
+            learnable ``branch_scale`` (see :class:`.KCLALayer`).
+            Default: False.
         conv_cfg (dict, optional): Config of the cache adaptation conv.
             Default: None (nn.Conv2d).
         norm_cfg (dict): Config of the output and cache norms.

@@ -113,9 +113,13 @@ def test_folded_value(float64, norm, mode, n, memory_format):
 @pytest.mark.parametrize('n', [1, 3])
 @pytest.mark.parametrize('mode', ['train', 'eval'])
 @pytest.mark.parametrize('case', CASES)
-def test_fused_forward_float64(float64, case, mode, n, memory_format):
-    """The whole layer: outputs, state and every gradient."""
-    layer, x, state = make_case(case, n=n)
+@pytest.mark.parametrize('zero_init_branch', [False, True])
+def test_fused_forward_float64(float64, zero_init_branch, case, mode, n,
+                               memory_format):
+    """The whole layer: outputs, state and every gradient; with
+    zero_init_branch, its per-channel scale too (randomised, so not zero).
+    """
+    layer, x, state = make_case(case, n=n, zero_init_branch=zero_init_branch)
     layer.train(mode == 'train')
     fmt = FORMATS[memory_format]
     x = x.contiguous(memory_format=fmt).requires_grad_()
@@ -131,39 +135,16 @@ def test_fused_forward_float64(float64, case, mode, n, memory_format):
                                      inputs, layer)
 
 
-@pytest.mark.parametrize('mode', ['train', 'eval'])
-@pytest.mark.parametrize('case', CASES)
-def test_fused_forward_with_a_branch_scale_float64(float64, case, mode):
-    """zero_init_branch's per-channel scale (randomised here, so that it
-    is not zero) in the fused path, train and eval, every gradient; and in
-    inference in place."""
-    layer, x, state = make_case(case, zero_init_branch=True)
-    assert layer.branch_scale.abs().min() > 0
-    layer.train(mode == 'train')
-    x.requires_grad_()
-    inputs = [x] + ([] if state is None else
-                    [state.u.requires_grad_(),
-                     state.z.requires_grad_()])
-    y, new_state = fused_forward(layer, x, state)
-    y_ref, state_ref = layer.forward_reference(x, state)
-    assert_same_values_and_gradients((y, *new_state), (y_ref, *state_ref),
-                                     inputs, layer)
-    layer.eval()
-    with torch.no_grad():
-        y_ref, _ = layer.forward_reference(x, state)
-        state_in = None if state is None else KCLAState(
-            state.u.clone(), state.z.clone())
-        y, _ = fused_forward(layer, x.detach().clone(), state_in, inplace=True)
-    assert_close_to_max(y, y_ref, 1e-12)
-
-
+@pytest.mark.parametrize('zero_init_branch', [False, True])
 @pytest.mark.parametrize('inplace', [False, True])
 @pytest.mark.parametrize('norm', ['BN', 'GN'])
 @pytest.mark.parametrize('case', CASES)
-def test_fused_inference_in_and_out_of_place(float64, case, norm, inplace):
+def test_fused_inference_in_and_out_of_place(float64, case, norm, inplace,
+                                             zero_init_branch):
     """Without autograd: the reference's values either way; the inputs are
     left alone unless ``inplace`` was asked for."""
-    layer, x, state = make_case(case, norm=norm, inplace=inplace)
+    layer, x, state = make_case(
+        case, norm=norm, inplace=inplace, zero_init_branch=zero_init_branch)
     layer.eval()
     with torch.no_grad():
         y_ref, state_ref = layer.forward_reference(x, state)

@@ -79,13 +79,21 @@ class CrossLayerResNet(ResNet):
         head_dim (int): Channels per attention head; must divide every stage
             width.
         zero_init_attention (bool): Start every attention branch at zero
-            through a learnable per-channel scale (``branch_scale``) that
-            starts at 0, so that plain ResNet weights (torchvision or
-            open-mmlab keys, e.g. ``init_cfg=dict(type='Pretrained',
-            checkpoint='torchvision://resnet50')``) give exactly the plain
-            ResNet's features at step 0 and the branches grow from there.
-            (A zero weight of the branch's output norm would stop every
-            gradient at the ReLU after it.) Default: False (the official
+            through a learnable per-channel scale (``branch_scale``, one
+            per layer) that starts at 0, so that plain ResNet weights
+            (torchvision or open-mmlab keys, e.g. ``init_cfg=dict(
+            type='Pretrained', checkpoint='torchvision://resnet50')``) give
+            exactly the plain ResNet's features at step 0, in train and
+            eval mode, and the branches grow from there. The branches of
+            KCLA and LA end in ``ReLU(Norm(.))``; zeroing the norm's weight
+            (as ``zero_init_residual`` does in a block) would put the ReLU
+            at 0, where its gradient is 0, and the branches would never
+            train. The scales are not in plain or official checkpoints
+            (reported missing, they stay 0); a checkpoint trained with the
+            option needs the option to load. The branches of stages frozen
+            by ``frozen_stages`` stay at zero, and under ``norm_eval`` the
+            attention norms keep their initial running statistics (a plain
+            checkpoint has none for them). Default: False (the official
             architecture, no extra parameter).
         **kwargs: Arguments of mmdet's ``ResNet``.
     """

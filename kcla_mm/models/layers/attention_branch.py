@@ -87,14 +87,19 @@ def build_state_adapter(conv_cfg: Optional[dict], state_channels: int,
 def zero_branch_scale(channels: int, enabled: bool) -> Optional[nn.Parameter]:
     """The per-channel scale of a branch that starts at zero, or None.
 
-    Starting a layer-attention branch at zero makes a backbone loaded from
-    plain ResNet weights compute exactly the plain ResNet's features at
-    step 0. Zeroing the output norm's weight (and bias) would do that too,
-    but the branch ends in ``ReLU(Norm(.))``: the ReLU's input would be
-    exactly 0, where its gradient is 0, so the norm and everything before
-    it would never receive a gradient. A learnable scale after the branch
-    (as LayerScale / SkipInit) gets the branch output as its gradient and
-    lets the branch grow from zero.
+    Starting every layer-attention branch at zero makes a backbone loaded
+    from plain ResNet weights compute exactly the plain ResNet's features
+    at step 0. KCLA's and LA's branches end in ``ReLU(Norm(.))``: for their
+    output to be exactly 0 for every input, the ReLU's input must be <= 0
+    everywhere, where its gradient is 0, so any zero start before the ReLU
+    (the norm's weight and bias at 0, as mmdet's ``zero_init_residual`` does
+    for a block's last BN, or a zero value conv) leaves the norm and
+    everything before it without a gradient for good. A learnable scale
+    after the ReLU (as LayerScale / SkipInit) gets the branch output as its
+    gradient, and once it leaves 0 the rest of the branch trains too.
+    MRLA-light's branch, ``Norm(.)`` without a ReLU, would train from a zero
+    norm weight, but uses the same scale, so that the option means the same
+    thing for all three layers.
     """
     return nn.Parameter(torch.zeros(channels)) if enabled else None
 

@@ -94,12 +94,15 @@ class KCLALayer(BaseModule):
             place, saving two tensors per block. A forward hook that keeps
             the output of the block (``layerN.J``) or of this layer then
             sees it change, so it is off unless asked for. Default: False.
-        zero_init_branch (bool): Multiply the branch output by a learnable
-            per-channel ``branch_scale`` that starts at zero, so that the
-            layer starts as the identity (warm start from plain ResNet
-            weights; see :func:`.attention_branch.zero_branch_scale` for
-            why not a zero norm weight). Default: False (no such parameter,
-            as the official model).
+        zero_init_branch (bool): Multiply the branch output (after its
+            ReLU) by a learnable per-channel ``branch_scale`` that starts
+            at 0, so that the layer starts by returning X^t unchanged (warm
+            start from plain ResNet weights; the state is still computed)
+            and the branch still trains. A zero weight and bias of
+            ``norm`` would also return X^t, but would put the ReLU's input
+            at 0, where its gradient is 0: the branch would never train
+            (see :func:`.attention_branch.zero_branch_scale`).
+            Default: False (no such parameter, as the official model).
         conv_cfg (dict, optional): Config of the state adaptation conv.
             Default: None (nn.Conv2d).
         norm_cfg (dict): Config of the output and state norms.

@@ -58,8 +58,10 @@ class MRLALightLayer(BaseModule):
         drop_path (float): Drop-path rate of the attention branch.
             Default: 0.2 (official ImageNet training).
         zero_init_branch (bool): Start the branch at zero through a
-            learnable ``branch_scale`` (see :class:`.KCLALayer`).
-            Default: False.
+            learnable ``branch_scale`` (see :class:`.KCLALayer`). This
+            branch has no ReLU after its norm, so a zero norm weight would
+            train here, but the scale keeps one mechanism for the three
+            layers. Default: False.
         conv_cfg (dict, optional): Config of the state adaptation conv.
             Default: None (nn.Conv2d).
         norm_cfg (dict): Config of the output and state norms.

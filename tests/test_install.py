@@ -84,6 +84,54 @@ def test_pretrain_extra_admits_the_locked_mmpretrain():
     assert extra[0].specifier.contains(read_lock('torch21')['mmpretrain'])
 
 
+# In a fresh interpreter: mmpretrain itself, then what ``import kcla_mm``
+# puts into its MODELS (kcla_mm warns instead of failing when mmpretrain is
+# installed but broken, so the warning is looked for too).
+PRETRAIN_PROBE = """
+import json, warnings
+warnings.simplefilter('always')
+with warnings.catch_warnings(record=True) as caught:
+    import mmpretrain
+    import kcla_mm
+from mmpretrain.registry import MODELS
+names = ('KCLAResNet', 'LAResNet', 'MRLALightResNet', 'ResNetCIFAR',
+         'KCLAResNetCIFAR', 'LAResNetCIFAR', 'MRLALightResNetCIFAR')
+print(json.dumps(dict(
+    version=mmpretrain.__version__,
+    registered={n: getattr(MODELS.get(n), '__module__', None) for n in names},
+    warnings=[str(w.message) for w in caught if 'mmpretrain' in
+              str(w.message)])))
+"""
+
+
+def test_pretrain_extra_is_importable_where_the_lock_has_it():
+    """The classification tests skip where mmpretrain is not installed
+    (tests/helpers.requires_mmpretrain). In the torch 2.1.2 stack, whose
+    lock pins it, it must import at the locked version and hold kcla_mm's
+    backbones after ``import kcla_mm``, so that a broken install fails
+    here instead of hiding behind those skips; in the main stack, whose
+    lock has no mmpretrain, the skips are the expected ones."""
+    from helpers import HAS_MMPRETRAIN
+    lock = read_lock(running_stack())
+    assert HAS_MMPRETRAIN == ('mmpretrain' in lock)
+    if not HAS_MMPRETRAIN:
+        return
+    result = subprocess.run([sys.executable, '-c', PRETRAIN_PROBE],
+                            capture_output=True,
+                            text=True,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found['version'] == lock['mmpretrain']
+    assert found['warnings'] == []
+    unregistered = {
+        name: module
+        for name, module in found['registered'].items()
+        if module is None or not module.startswith('kcla_mm.')
+    }
+    assert not unregistered, f'not kcla_mm backbones: {unregistered}'
+
+
 def test_library_requirements_are_ranges_that_admit_both_stacks():
     requires = [Requirement(r) for r in metadata.requires('kcla_mm')]
     runtime = [r for r in requires if r.marker is None]

@@ -30,11 +30,12 @@ def parse_args(argv=None):
     parser.add_argument(
         '--out',
         help='dump the raw predictions to this pickle file '
-        '(detection configs)')
+        '(detection and classification configs)')
     parser.add_argument(
         '--show-dir',
-        help='save images with predictions drawn to this '
-        'directory (relative to the work dir\'s timestamped folder)')
+        help='save images with predictions drawn to this directory '
+        '(a relative DIR: under the work dir\'s timestamped folder for '
+        'detectors and segmentors, under the work dir for classifiers)')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -58,8 +59,17 @@ def enable_visualization(cfg: Config, show_dir: str) -> None:
     if 'visualization' not in hooks:
         raise KeyError('--show-dir needs default_hooks.visualization in the '
                        'config')
+    scope = cfg.get('default_scope')
+    if scope == 'mmpretrain':
+        # mmpretrain's VisualizationHook takes enable/out_dir (it would
+        # swallow mmdet's draw/test_out_dir in its **kwargs and draw
+        # nothing) and writes to out_dir as given, not under the log dir.
+        hooks.visualization.enable = True
+        hooks.visualization.interval = 1
+        hooks.visualization.out_dir = osp.join(cfg.work_dir, show_dir)
+        return
     hooks.visualization.draw = True
-    if cfg.get('default_scope') == 'mmseg':
+    if scope == 'mmseg':
         cfg.visualizer.save_dir = show_dir
     else:
         hooks.visualization.test_out_dir = show_dir
@@ -76,15 +86,19 @@ def main(argv=None):
     if args.show_dir:
         enable_visualization(cfg, args.show_dir)
     if args.out:
-        if cfg.get('default_scope') == 'mmseg':
-            raise ValueError('--out is for detection configs')
+        scope = cfg.get('default_scope')
+        if scope == 'mmseg':
+            raise ValueError('--out is for detection and classification '
+                             'configs')
         if not args.out.endswith(('.pkl', '.pickle')):
             raise ValueError(f'--out {args.out}: must end in .pkl')
         cfg.test_evaluator = [
             cfg.test_evaluator
         ] if not isinstance(cfg.test_evaluator, list) else cfg.test_evaluator
-        cfg.test_evaluator.append(
-            dict(type='DumpDetResults', out_file_path=args.out))
+        # mmdet's dumper keeps its result format; mmpretrain's test.py
+        # uses mmengine's DumpResults (one dict per image).
+        dumper = 'DumpResults' if scope == 'mmpretrain' else 'DumpDetResults'
+        cfg.test_evaluator.append(dict(type=dumper, out_file_path=args.out))
     init_distributed_on_cpu(cfg)
     try:
         runner = (

@@ -513,8 +513,12 @@ def test_model_index_lists_every_config_and_only_measured_figures(repo_root):
     metafile = yaml.safe_load(
         open(osp.join(repo_root, 'configs', 'kcla', 'metafile.yml')))
     with_results = [m['Name'] for m in metafile['Models'] if 'Results' in m]
-    # The only measured result: `make demo` on the synthetic shapes set.
-    assert with_results == ['faster-rcnn_kcla-r18_fpn_synthetic-coco']
+    # The only measured results: `make demo` and `make demo-pretrain` on
+    # the synthetic shapes sets.
+    assert with_results == [
+        'faster-rcnn_kcla-r18_fpn_synthetic-coco',
+        'kcla-r18_1xb32_synthetic-imagenet'
+    ]
     assert metafile['Collections'][0]['Paper'] == {
         'URL':
         'https://arxiv.org/abs/2606.28405',
@@ -539,8 +543,8 @@ def test_metafile_parameter_counts_are_the_models(repo_root):
         e['Name'] for e in entries
         if e['Metadata']['Task'] == 'Image Classification'
     ]
-    # 4 KCLA classifiers and their 4 plain baselines.
-    assert len(classifiers) == 8
+    # 4 KCLA classifiers, their 4 plain baselines and the pretraining demo.
+    assert len(classifiers) == 9
     checked = []
     for entry in entries:
         if entry['Name'] in classifiers and not HAS_MMPRETRAIN:

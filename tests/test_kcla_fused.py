@@ -11,6 +11,8 @@ from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.kcla_fused import (folded_value, fused_forward,
                                               fused_query_key,
                                               fused_renormalise)
+from kcla_mm.models.layers.kcla_layer import IMPLEMENTATIONS
+from kcla_mm.models.layers.kcla_recompute import recomputed_forward
 from kcla_mm.models.layers.kcla_state import STATE_EPS
 from helpers import assert_close_to_max, incoming_state
 from official_reference import randomise_
@@ -114,10 +116,13 @@ def test_folded_value(float64, norm, mode, n, memory_format):
 @pytest.mark.parametrize('mode', ['train', 'eval'])
 @pytest.mark.parametrize('case', CASES)
 @pytest.mark.parametrize('zero_init_branch', [False, True])
-def test_fused_forward_float64(float64, zero_init_branch, case, mode, n,
+@pytest.mark.parametrize('path', ['fused', 'recompute'])
+def test_fused_forward_float64(float64, path, zero_init_branch, case, mode, n,
                                memory_format):
     """The whole layer: outputs, state and every gradient; with
     zero_init_branch, its per-channel scale too (randomised, so not zero).
+    'recompute' is the fused path whose backward recomputes the branch
+    (kcla_recompute.py; its chains of layers are in test_kcla_recompute.py).
     """
     layer, x, state = make_case(case, n=n, zero_init_branch=zero_init_branch)
     layer.train(mode == 'train')
@@ -129,7 +134,8 @@ def test_fused_forward_float64(float64, zero_init_branch, case, mode, n,
             state.u.contiguous(memory_format=fmt).requires_grad_(),
             state.z.requires_grad_())
         inputs += list(state)
-    y, new_state = fused_forward(layer, x, state)
+    forward = fused_forward if path == 'fused' else recomputed_forward
+    y, new_state = forward(layer, x, state)
     y_ref, state_ref = layer.forward_reference(x, state)
     assert_same_values_and_gradients((y, *new_state), (y_ref, *state_ref),
                                      inputs, layer)
@@ -161,13 +167,15 @@ def test_fused_inference_in_and_out_of_place(float64, case, norm, inplace,
         assert torch.equal(state_in.u, state.u) is not inplace
 
 
-def test_fused_forward_float32_and_drop_path():
+@pytest.mark.parametrize('path', ['fused', 'recompute'])
+def test_fused_forward_float32_and_drop_path(path):
     """fp32 within 1e-5 of the reference; drop path draws the same mask
     from the same seed on both paths."""
     layer, x, state = make_case('adapt', drop_path=0.5, n=8)
     layer.train()
     torch.manual_seed(1)
-    y, new_state = fused_forward(layer, x, state)
+    forward = fused_forward if path == 'fused' else recomputed_forward
+    y, new_state = forward(layer, x.requires_grad_(), state)
     torch.manual_seed(1)
     y_ref, state_ref = layer.forward_reference(x, state)
     for ours, ref in zip((y, *new_state), (y_ref, *state_ref)):
@@ -177,12 +185,14 @@ def test_fused_forward_float32_and_drop_path():
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize('implementation', ['reference', 'fused'])
-def test_autocast_keeps_the_state_in_fp32(implementation, dtype):
+@pytest.mark.parametrize('implementation', IMPLEMENTATIONS)
+@pytest.mark.parametrize('mode', ['eval', 'train'])
+def test_autocast_keeps_the_state_in_fp32(implementation, mode, dtype):
     layer, x, state = make_case('adapt')
     layer.implementation = implementation
-    layer.eval()
+    layer.train(mode == 'train')
     y_ref, state_ref = layer.forward_reference(x, state)
+    x.requires_grad_(mode == 'train')
     try:
         with torch.autocast('cpu', dtype=dtype):
             y, new_state = layer(x, state)
@@ -192,6 +202,12 @@ def test_autocast_keeps_the_state_in_fp32(implementation, dtype):
     assert new_state.u.dtype == new_state.z.dtype == torch.float32
     assert torch.isfinite(y).all() and torch.isfinite(new_state.u).all()
     assert_close_to_max(y.float(), y_ref, 5e-2)
+    if mode == 'train':
+        (y.float().mean() + new_state.u.mean()).backward()
+        assert torch.isfinite(x.grad).all()
+        assert all(
+            torch.isfinite(p.grad).all() for p in layer.parameters()
+            if p.grad is not None)
 
 
 def test_unknown_implementation_is_named():

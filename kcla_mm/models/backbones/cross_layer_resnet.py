@@ -58,7 +58,11 @@ class CrossLayerResLayer(ResLayer):
         for block in self:
             x = block(x)
             attention = getattr(block, self.attention_name)
-            if block.with_cp and x.requires_grad:
+            # A layer that recomputes its own backward keeps little
+            # already, and its nodes read each other's saved tensors, which
+            # a checkpoint would allow to be unpacked only once.
+            if (block.with_cp and x.requires_grad
+                    and not getattr(attention, 'recomputes_backward', False)):
                 x, state = cp.checkpoint(
                     attention, x, state, use_reentrant=False)
             else:

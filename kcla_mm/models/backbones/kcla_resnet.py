@@ -28,7 +28,8 @@ class KCLAResNet(CrossLayerResNet):
         renorm_blocks (Sequence[int]): Block indices within a stage whose
             KCLA layer re-normalises the state. Default: (0, 11) (official;
             block 11 exists only in the deep stages of ResNet-101/152).
-        kcla_implementation (str): ``'fused'`` or ``'reference'``, see
+        kcla_implementation (str): ``'fused'``, ``'reference'`` or
+            ``'recompute'`` (less activation memory in training), see
             :class:`~kcla_mm.models.layers.KCLALayer`. Default: 'fused'.
         kcla_inplace (bool): In inference without autograd, add each KCLA
             branch into the block output in place and update the state in

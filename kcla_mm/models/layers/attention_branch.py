@@ -113,14 +113,28 @@ def scale_branch(branch: Tensor, scale: Optional[Tensor]) -> Tensor:
     return branch * scale.to(branch.dtype).view(1, -1, 1, 1)
 
 
-def add_branch(x: Tensor, branch: Tensor, drop_path: float,
-               training: bool) -> Tensor:
-    """x + DropPath(branch), per sample, out of place."""
+def drop_path_mask(x: Tensor, drop_path: float,
+                   training: bool) -> Optional[Tensor]:
+    """DropPath's per-sample multiplier of the branch, (N, 1, 1, 1): 0 or
+    1 / (1 - drop_path); None when nothing is dropped."""
     if training and drop_path > 0:
         keep = 1 - drop_path
         mask = x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep)
-        return torch.addcmul(x, branch, mask.div_(keep))
-    return x + branch
+        return mask.div_(keep)
+    return None
+
+
+def masked_residual_add(x: Tensor, branch: Tensor,
+                        mask: Optional[Tensor]) -> Tensor:
+    """x + mask * branch (x + branch for no mask), out of place."""
+    return x + branch if mask is None else torch.addcmul(x, branch, mask)
+
+
+def add_branch(x: Tensor, branch: Tensor, drop_path: float,
+               training: bool) -> Tensor:
+    """x + DropPath(branch), per sample, out of place."""
+    return masked_residual_add(x, branch,
+                               drop_path_mask(x, drop_path, training))
 
 
 def head_scaled_add(base: Optional[Tensor], scale: Tensor,

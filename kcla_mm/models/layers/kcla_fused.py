@@ -17,7 +17,7 @@ it (tests/test_kcla_fused.py):
 * :func:`fused_forward`: the whole layer, optionally updating the block
   output and the state in place in inference.
 """
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -44,26 +44,36 @@ def fused_query_key(layer: 'KCLALayer', x: Tensor) -> Tuple[Tensor, Tensor]:
     return query, key
 
 
-def fused_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
-    """:meth:`KCLALayer.renormalise` with batched per-head scalings."""
+def fused_renormalise(
+        layer: 'KCLALayer',
+        state: KCLAState,
+        norm: Optional[Callable[[Tensor], Tensor]] = None) -> KCLAState:
+    """:meth:`KCLALayer.renormalise` with batched per-head scalings;
+    ``norm`` replaces ``layer.state_norm`` (see :func:`folded_value`)."""
     a = head_scaled_add(None, state.z.reciprocal(), state.u)
     a = a.to(layer.value_conv.weight.dtype)
     if layer.state_adapt is not None:
         a = layer.state_adapt(a)
-    a = layer.state_norm(a)
+    a = (layer.state_norm if norm is None else norm)(a)
     key = at_least_fp32(layer.state_key_conv(spatial_mean(a)[:, None])).view(
         -1, layer.num_heads, layer.head_dim)
     z = layer.layer_weight(torch.linalg.vector_norm(key, dim=2))
     return KCLAState(head_scaled_add(None, z, a), z)
 
 
-def folded_value(layer: 'KCLALayer', u: Tensor, scale: Tensor,
-                 dtype: torch.dtype) -> Tensor:
+def folded_value(layer: 'KCLALayer',
+                 u: Tensor,
+                 scale: Tensor,
+                 dtype: torch.dtype,
+                 norm: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
     """:meth:`KCLALayer.branch` with ``scale = gate / (Z + eps)``, of
     shape (N, heads), folded into the depthwise kernel (the gate commutes
     with the per-channel conv): ``ReLU(Norm(DWConv(U * scale)))``, reading
-    U once where possible.
+    U once where possible. ``norm`` replaces ``layer.norm`` where it is
+    applied as a module (the recomputing backward replays it without
+    updating running statistics).
     """
+    norm = layer.norm if norm is None else norm
     n, c = u.shape[:2]
     # A channels_last batch cannot merge N and C into one channel axis
     # for the per-sample fold below.
@@ -72,7 +82,7 @@ def folded_value(layer: 'KCLALayer', u: Tensor, scale: Tensor,
         # The raw state may exceed the fp16 range: scale it first (the
         # scaled state is a convex mix of the block outputs).
         v = head_scaled_add(None, scale, u).to(dtype)
-        return F.relu(layer.norm(layer.value_conv(v)), inplace=True)
+        return F.relu(norm(layer.value_conv(v)), inplace=True)
 
     # Per-sample, per-channel scale folded into a depthwise kernel of
     # N * C groups: (N, heads, head_dim, 3, 3).
@@ -98,7 +108,22 @@ def folded_value(layer: 'KCLALayer', u: Tensor, scale: Tensor,
         # in-place op on a view makes autograd copy the whole tensor
         # back (CopySlices) and hand the conv a strided gradient.
         return F.relu(v, inplace=True).view_as(u)
-    return F.relu(layer.norm(v.view_as(u)), inplace=True)
+    return F.relu(norm(v.view_as(u)), inplace=True)
+
+
+def gate_and_weight(layer: 'KCLALayer', query: Tensor,
+                    key: Tensor) -> Tuple[Tensor, Tensor]:
+    """:meth:`KCLALayer.gate` and :meth:`KCLALayer.layer_weight` of one
+    block, each (N, heads), sharing ||K||."""
+    k_norm = torch.linalg.vector_norm(key, dim=2)
+    w = layer.layer_weight(k_norm)
+    # ||Q|| cos(theta) = <Q, K> / ||K||, with the norm computed once.
+    q_cos = torch.linalg.vecdot(query, key) / k_norm.clamp_min(1e-12)
+    gate = torch.sigmoid(
+        at_least_fp32(
+            F.linear(
+                q_cos.to(layer.head_mix.weight.dtype), layer.head_mix.weight)))
+    return gate, w
 
 
 def fused_forward(layer: 'KCLALayer',
@@ -112,15 +137,7 @@ def fused_forward(layer: 'KCLALayer',
     """
     if state is not None and layer.renorm:
         state = fused_renormalise(layer, state)
-    query, key = fused_query_key(layer, x)
-    k_norm = torch.linalg.vector_norm(key, dim=2)
-    w = layer.layer_weight(k_norm)
-    # ||Q|| cos(theta) = <Q, K> / ||K||, with the norm computed once.
-    q_cos = torch.linalg.vecdot(query, key) / k_norm.clamp_min(1e-12)
-    gate = torch.sigmoid(
-        at_least_fp32(
-            F.linear(
-                q_cos.to(layer.head_mix.weight.dtype), layer.head_mix.weight)))
+    gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
 
     in_place = inplace and not torch.is_grad_enabled()
     if state is None:

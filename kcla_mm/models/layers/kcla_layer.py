@@ -27,9 +27,10 @@ from .attention_branch import (add_branch, at_least_fp32, build_state_adapter,
                                check_branch_args, eca_conv1d, init_cfg_list,
                                scale_branch, spatial_mean, zero_branch_scale)
 from .kcla_fused import fused_forward
+from .kcla_recompute import recomputed_forward
 from .kcla_state import STATE_EPS, KCLAState
 
-IMPLEMENTATIONS = ('fused', 'reference')
+IMPLEMENTATIONS = ('fused', 'reference', 'recompute')
 
 
 def head_temperatures(num_heads: int,
@@ -86,8 +87,11 @@ class KCLALayer(BaseModule):
         drop_path (float): Drop-path rate of the attention branch.
             Default: 0.2.
         implementation (str): ``'fused'`` (:mod:`.kcla_fused`: fewer passes
-            over memory) or ``'reference'`` (:meth:`forward_reference`, the
-            equations above as written). Both compute the same function.
+            over memory), ``'reference'`` (:meth:`forward_reference`, the
+            equations above as written) or ``'recompute'`` (the fused path
+            whose train steps keep one block-sized tensor per layer for the
+            backward pass instead of four, and recompute the branch there:
+            :mod:`.kcla_recompute`). All compute the same function.
             Default: 'fused'.
         inplace (bool): In inference without autograd, let the fused
             implementation add into the block output and the state in
@@ -170,6 +174,12 @@ class KCLALayer(BaseModule):
         elif state_channels != channels or state_stride != 1:
             raise ValueError('a layer whose state changes width or size '
                              'must have renorm=True')
+
+    @property
+    def recomputes_backward(self) -> bool:
+        """Whether train steps recompute the branch in backward (then
+        ``with_cp`` leaves this layer out of the block's checkpoint)."""
+        return self.implementation == 'recompute'
 
     def split_heads(self, t: Tensor) -> Tensor:
         """(N, C, ...) -> (N, heads, head_dim, ...), a view."""
@@ -259,4 +269,6 @@ class KCLALayer(BaseModule):
         """
         if self.implementation == 'reference':
             return self.forward_reference(x, state)
+        if self.implementation == 'recompute' and torch.is_grad_enabled():
+            return recomputed_forward(self, x, state)
         return fused_forward(self, x, state, inplace=self.inplace)

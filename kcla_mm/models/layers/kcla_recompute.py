@@ -1,0 +1,283 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""KCLALayer's training forward with less activation memory: the state
+update and the branch as one autograd node, Algorithm 1 as another, that
+keep little for backward and recompute the rest there.
+
+For each layer the fused path leaves autograd the new state ``U^t`` (the
+depthwise conv's input), the conv's output (the norm's input), the norm's
+ReLU output and the block output ``X^t`` besides the new block output
+(``X^t`` is the block's ReLU result, but the add makes a second tensor of
+it that the next block keeps): four block-sized tensors on top of what
+mmdet's ResNet keeps. The nodes here keep ``X^t`` (the very tensor that
+the block's ReLU keeps: no extra memory), per-(sample, head) vectors and
+no state: a :class:`StateTape` recomputes the states of a stage from its
+start. The price is one more forward pass of the branch and of the state
+updates in each train step.
+
+The norm is replayed without touching its running statistics (a training
+BN normalises with the batch statistics, which the replay recomputes
+exactly); a SyncBN, whose replay would have to communicate again, and
+autocast, whose state the backward pass would have to restore, keep the
+fused path, as do inference and frozen layers (nothing to differentiate).
+Tested against the reference in tests/test_kcla_fused.py (one layer) and
+tests/test_kcla_recompute.py (whole backbones).
+"""
+import weakref
+from typing import (TYPE_CHECKING, Callable, Dict, List, Optional, Sequence,
+                    Tuple)
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...torch_compat import is_autocast_enabled
+from .attention_branch import (drop_path_mask, head_scaled_add,
+                               masked_residual_add, scale_branch)
+from .kcla_fused import (folded_value, fused_forward, fused_query_key,
+                         fused_renormalise, gate_and_weight)
+from .kcla_state import STATE_EPS, KCLAState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kcla_layer import KCLALayer
+
+
+def replayable(layer: 'KCLALayer', x: Tensor) -> bool:
+    """Whether :func:`recomputed_forward` applies: a train step (something
+    to differentiate), no autocast, and a norm that can be replayed
+    locally."""
+    if not torch.is_grad_enabled() or is_autocast_enabled(x.device.type):
+        return False
+    if isinstance(layer.norm, nn.SyncBatchNorm):
+        return False
+    return x.requires_grad or any(p.requires_grad for p in layer.parameters())
+
+
+def replay_norm(norm: nn.Module) -> Callable[[Tensor], Tensor]:
+    """``norm`` as a function that gives the same output and leaves its
+    running statistics alone (a training BN would update them twice)."""
+    if isinstance(norm, _BatchNorm) and norm.training:
+        return lambda v: F.batch_norm(v, None, None, norm.weight, norm.bias,
+                                      True, 0., norm.eps)
+    return norm
+
+
+def branch_parameters(layer: 'KCLALayer') -> List[nn.Parameter]:
+    """The parameters that :func:`update_and_branch` reads."""
+    params = [
+        layer.value_conv.weight, layer.norm.weight, layer.norm.bias,
+        layer.branch_scale
+    ]
+    return [p for p in params if p is not None]
+
+
+def update_and_branch(layer: 'KCLALayer', x: Tensor, u_prev: Optional[Tensor],
+                      w: Tensor, scale: Tensor, mask: Optional[Tensor],
+                      replay: bool) -> Tuple[Tensor, Tensor]:
+    """``U^t = U^{t-1} + w X^t`` and ``X^t + mask * branch(U^t)``, the part
+    of :func:`.fused_forward` that the node wraps; ``scale`` is
+    ``gate / (Z^t + eps)``."""
+    u = head_scaled_add(u_prev, w, x)
+    norm = replay_norm(layer.norm) if replay else None
+    out = folded_value(layer, u, scale, x.dtype, norm=norm)
+    out = scale_branch(out, layer.branch_scale)
+    return masked_residual_add(x, out, mask), u
+
+
+class StateTape:
+    """What the states of one run of layers (a stage, or the part of one
+    after a re-normalisation) are recomputed from in backward.
+
+    Within a run ``U^t = U^{t-1} + w_t X^t``, where every ``X^t`` is kept
+    for backward anyway (it is the block's ReLU result) and ``w_t`` is a
+    vector; so no state is kept: the backward pass of layer t gets
+    ``U^{t-1}`` by running the run's updates again from its start, bit for
+    bit the forward pass's arithmetic (subtracting ``w_t X^t`` from
+    ``U^t`` instead would lose ``U^{t-1}`` to rounding where ``w_t``
+    dominates ``Z^{t-1}``). The start comes from ``start``: None at the
+    network's first block, else recomputed from what the run's first node
+    or the re-normalisation node keeps. Backward visits the layers last to
+    first, so the first request computes the run's states once and caches
+    them; each is dropped when its one consumer has taken it.
+
+    The tape reads ``X^t`` and ``w_t`` from the nodes' saved tensors
+    (weak references: no cycle keeps a graph alive), so saved-tensor hooks
+    (offloading, checkpointing) see every tensor it uses.
+    """
+
+    def __init__(self, start: Optional[Callable[[], Optional[Tensor]]]):
+        # None: the run's first node keeps its incoming state.
+        self.start = start
+        self.nodes: Dict[int, Callable[[], object]] = {}
+        self.cache: Dict[int, Optional[Tensor]] = {}
+
+    def record(self, step: int, node) -> None:
+        """Step ``step`` (from 1) is the update of ``node``, a
+        :class:`RecomputedUpdate` context."""
+        self.nodes[step] = weakref.ref(node)
+
+    def state(self, step: int, keep: bool = False) -> Optional[Tensor]:
+        """``U`` after ``step`` updates (the start for 0); ``keep`` leaves
+        it cached for a second consumer."""
+        if step not in self.cache:
+            with torch.no_grad():
+                u = self.cache[0] = (
+                    self.nodes[1]().saved_tensors[1]
+                    if self.start is None else self.start())
+                for j in range(1, step + 1):
+                    x, _, w = self.nodes[j]().saved_tensors[:3]
+                    u = self.cache[j] = head_scaled_add(u, w, x)
+        return self.cache[step] if keep else self.cache.pop(step)
+
+
+def tape_position(u: Tensor) -> Optional[Tuple[StateTape, int]]:
+    """The tape and step that ``u`` came from, if a recomputing layer made
+    it."""
+    tape = getattr(u, '_kcla_tape', None)
+    return None if tape is None else (tape, u._kcla_step)
+
+
+class RecomputedUpdate(torch.autograd.Function):
+    """(x, U^{t-1}, w, scale, mask, *params) -> (x + branch, U^t), keeping
+    for backward x, vectors and, only where no tape can recompute it,
+    U^{t-1}."""
+
+    @staticmethod
+    def forward(ctx, layer: 'KCLALayer', tape: StateTape, step: int,
+                keep_prev: bool, x: Tensor, u_prev: Optional[Tensor],
+                w: Tensor, scale: Tensor, mask: Optional[Tensor], *params:
+                nn.Parameter) -> Tuple[Tensor, Tensor]:
+        ctx.layer, ctx.tape, ctx.step = layer, tape, step
+        ctx.keep_prev = keep_prev
+        ctx.set_materialize_grads(False)
+        tape.record(step, ctx)
+        ctx.save_for_backward(x, u_prev if keep_prev else None, w, scale, mask,
+                              *params)
+        return update_and_branch(layer, x, u_prev, w, scale, mask, False)
+
+    @staticmethod
+    def backward(ctx, grad_x: Optional[Tensor], grad_u: Optional[Tensor]):
+        x, u_prev, w, scale, mask, *params = ctx.saved_tensors
+        if not ctx.keep_prev:
+            u_prev = ctx.tape.state(ctx.step - 1)
+        needs = ctx.needs_input_grad
+        inputs = [
+            None if t is None else t.detach().requires_grad_(need)
+            for t, need in zip((x, u_prev, w, scale), needs[4:8])
+        ]
+        with torch.enable_grad():
+            outputs = update_and_branch(ctx.layer, *inputs, mask, True)
+        grads = grads_of(outputs, (grad_x, grad_u), inputs + params)
+        return (None, None, None, None, *grads[:4], None, *grads[4:])
+
+
+class RecomputedRenorm(torch.autograd.Function):
+    """(U, Z, *params) -> Algorithm 1's (U, Z), keeping for backward the
+    incoming Z and, only where no tape can recompute it, the incoming U
+    (instead of U / Z, the adapted state, its norm's output and the new
+    U)."""
+
+    @staticmethod
+    def forward(ctx, layer: 'KCLALayer',
+                source: Optional[Tuple[StateTape, int]], u: Tensor, z: Tensor,
+                *params: nn.Parameter) -> Tuple[Tensor, Tensor]:
+        ctx.layer, ctx.source = layer, source
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(None if source else u, z, *params)
+        return tuple(fused_renormalise(layer, KCLAState(u, z)))
+
+    @staticmethod
+    def incoming_state(ctx, keep: bool) -> KCLAState:
+        u, z = ctx.saved_tensors[:2]
+        if ctx.source is not None:
+            tape, step = ctx.source
+            u = tape.state(step, keep)
+        return KCLAState(u, z)
+
+    @staticmethod
+    def backward(ctx, grad_u: Optional[Tensor], grad_z: Optional[Tensor]):
+        params = list(ctx.saved_tensors[2:])
+        inputs = [
+            t.detach().requires_grad_(need) for t, need in zip(
+                RecomputedRenorm.incoming_state(ctx, False),
+                ctx.needs_input_grad[2:4])
+        ]
+        with torch.enable_grad():
+            outputs = fused_renormalise(ctx.layer, KCLAState(*inputs),
+                                        replay_norm(ctx.layer.state_norm))
+        return (None, None, *grads_of(outputs,
+                                      (grad_u, grad_z), inputs + params))
+
+
+def renormalised_start(node) -> Callable[[], Tensor]:
+    """The new state of a :class:`RecomputedRenorm` node, recomputed from
+    what it keeps (its own backward pass will take the incoming state)."""
+    node = weakref.ref(node)
+
+    def start() -> Tensor:
+        ctx = node()
+        state = RecomputedRenorm.incoming_state(ctx, keep=True)
+        return fused_renormalise(ctx.layer, state,
+                                 replay_norm(ctx.layer.state_norm)).u
+
+    return start
+
+
+def grads_of(outputs: Sequence[Tensor],
+             grad_outputs: Sequence[Optional[Tensor]],
+             inputs: Sequence[Optional[Tensor]]) -> List[Optional[Tensor]]:
+    """d(outputs . grad_outputs) / d(input) for each of ``inputs`` that
+    requires grad (None for the others and for unused ones); outputs
+    without a gradient (None) are left out."""
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
+    wanted = [t for t in inputs if t is not None and t.requires_grad]
+    grads = iter(
+        torch.autograd.grad([o for o, _ in pairs],
+                            wanted, [g for _, g in pairs],
+                            allow_unused=True) if pairs and wanted else ())
+    return [
+        next(grads) if t is not None and t.requires_grad else None
+        for t in inputs
+    ]
+
+
+def renorm_parameters(layer: 'KCLALayer') -> List[nn.Parameter]:
+    """The parameters that :func:`.fused_renormalise` reads."""
+    modules = (layer.state_adapt, layer.state_norm, layer.state_key_conv)
+    return [p for m in modules if m is not None for p in m.parameters()]
+
+
+def recomputed_forward(layer: 'KCLALayer', x: Tensor,
+                       state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:
+    """:func:`.fused_forward` (outside inference) with the update and the
+    branch in one :class:`RecomputedUpdate` node, and Algorithm 1 in a
+    :class:`RecomputedRenorm` node; falls back to the fused path where
+    :func:`replayable` says no."""
+    if not replayable(layer, x):
+        return fused_forward(layer, x, state)
+    # A start that nothing else can recompute (a state from a fused layer,
+    # or re-normalised without autograd): the first node keeps it.
+    tape, step = StateTape(None), 1
+    if state is None:
+        tape = StateTape(lambda: None)
+    elif layer.renorm:
+        u, z = RecomputedRenorm.apply(layer, tape_position(state.u), *state,
+                                      *renorm_parameters(layer))
+        if u.requires_grad:  # u.grad_fn is the node
+            tape = StateTape(renormalised_start(u.grad_fn))
+        state = KCLAState(u, z)
+    elif tape_position(state.u) is not None:
+        tape, step = tape_position(state.u)
+        step += 1
+    keep_prev = step == 1 and tape.start is None
+    gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
+    z = w if state is None else state.z + w
+    mask = drop_path_mask(x, layer.drop_path, layer.training)
+    x, u = RecomputedUpdate.apply(layer, tape, step, keep_prev, x,
+                                  None if state is None else state.u, w,
+                                  gate / (z + STATE_EPS), mask,
+                                  *branch_parameters(layer))
+    # The next layer finds the tape through the state it receives.
+    u._kcla_tape, u._kcla_step = tape, step
+    return x, KCLAState(u, z)

@@ -1,7 +1,9 @@
-"""tools/analysis: depth_scaling, layer_weights, key_similarity."""
+"""tools/analysis: benchmark_backbone, depth_scaling, layer_weights,
+key_similarity."""
 import csv
 import os.path as osp
 import re
+import sys
 
 import mmcv
 import numpy as np
@@ -14,7 +16,7 @@ from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
 from kcla_mm.models import KCLAResNet, MRLALightResNet
 from kcla_mm.torch_compat import has_mem_tracker
-from helpers import ROOT, load_tool
+from helpers import ROOT, load_tool, output_of
 
 KCLA_UNET = osp.join(ROOT, 'configs/kcla/unet_kcla-r18_isic2017-256x256.py')
 LA_UNET = osp.join(ROOT, 'configs/baselines/unet_la-r18_isic2017-256x256.py')
@@ -26,6 +28,34 @@ def image(tmp_path):
     path = str(tmp_path / 'image.jpg')
     mmcv.imwrite((rng.random((40, 56, 3)) * 255).astype(np.uint8), path)
     return path
+
+
+def memory_ratios(implementation):
+    """The activation-memory ratios that benchmark_backbone.py prints for
+    both train settings, in a tiny run."""
+    log = output_of(sys.executable, 'tools/analysis/benchmark_backbone.py',
+                    '--depth', 18, '--size', 64, '--train-batch', 2,
+                    '--repeats', 1, '--warmup', 0, '--modes', 'train',
+                    '--kcla-implementation', implementation)
+    assert f'kcla_implementation={implementation}' in log
+    assert re.search(r'train step \(fwd\+bwd\) +batch  2x3x64x64: ResNet',
+                     log), log
+    return {
+        setting: float(ratio)
+        for setting, ratio in re.findall(
+            r'activation memory of a train step \((\w+), weights '
+            r'excluded\): ResNet [\d.]+ MiB  KCLA [\d.]+ MiB  ratio '
+            r'([\d.]+)', log)
+    }
+
+
+def test_benchmark_backbone_measures_both_memory_settings():
+    """Both train settings of the memory targets, and 'recompute' keeping
+    less than the fused path in each."""
+    fused, recompute = memory_ratios('fused'), memory_ratios('recompute')
+    assert set(fused) == set(recompute) == {'bn', 'detection'}
+    for setting in fused:
+        assert 1 < recompute[setting] < fused[setting], (fused, recompute)
 
 
 def test_depth_scaling_writes_csv_and_plot(tmp_path, capsys):

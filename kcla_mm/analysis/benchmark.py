@@ -19,25 +19,39 @@ from .timing import alternating_times, eval_step, train_step
 
 MODES = ('eval', 'train')
 
+#: The two train settings of the memory targets: ImageNet training (every
+#: BN learns and updates its statistics) and mmdet's detection backbones
+#: (stage 1 frozen, BN statistics frozen).
+TRAIN_SETTINGS = {
+    'bn': dict(norm_eval=False, frozen_stages=-1),
+    'detection': dict(norm_eval=True, frozen_stages=1),
+}
 
-def build_models(
-    depth: int,
-    device: str = 'cpu',
-    memory_format: torch.memory_format = torch.contiguous_format,
-    kcla_inplace: bool = False,
-) -> Dict[str, nn.Module]:
+
+def build_models(depth: int,
+                 device: str = 'cpu',
+                 memory_format: torch.memory_format = torch.contiguous_format,
+                 kcla_inplace: bool = False,
+                 kcla_implementation: str = 'fused',
+                 setting: str = 'bn') -> Dict[str, nn.Module]:
     """``{'resnet': ResNet, 'kcla': KCLAResNet}`` of ``depth``, initialised
     with seed 0 and moved to ``device`` in ``memory_format``; KCLAResNet's
-    ``kcla_inplace`` as given.
+    ``kcla_inplace`` and ``kcla_implementation`` as given.
 
-    ``norm_eval=False`` and nothing frozen in both: a train step should
-    update BN statistics as in ImageNet training.
+    ``setting`` is one of :data:`TRAIN_SETTINGS`, the same for both; the
+    default 'bn' (nothing frozen) makes a train step update BN statistics
+    as in ImageNet training.
     """
     torch.manual_seed(0)
-    common = dict(depth=depth, norm_eval=False, frozen_stages=-1)
+    common = dict(depth=depth, **TRAIN_SETTINGS[setting])
     models = {
-        'resnet': ResNet(**common),
-        'kcla': KCLAResNet(**common, kcla_inplace=kcla_inplace)
+        'resnet':
+        ResNet(**common),
+        'kcla':
+        KCLAResNet(
+            **common,
+            kcla_inplace=kcla_inplace,
+            kcla_implementation=kcla_implementation)
     }
     for model in models.values():
         model.init_weights()

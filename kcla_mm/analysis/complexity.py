@@ -139,16 +139,24 @@ def train_step_peak_bytes(model: nn.Module, inputs: Tensor) -> int:
 
 def saved_activation_bytes(model: nn.Module, inputs: Tensor) -> int:
     """Bytes that autograd keeps for the backward pass of one train step
-    (each storage counted once): the activation memory of training.
+    (each storage counted once), the model's own weights excluded: the
+    activation memory of training.
 
     Runs one forward and backward in the model's current mode; the
     gradients it leaves are the caller's to clear.
     """
     storages: Dict[int, int] = {}
+    # Convs and linears keep their weights for backward: that memory is the
+    # model's, whatever the batch.
+    weights = {
+        t.untyped_storage().data_ptr()
+        for t in list(model.parameters()) + list(model.buffers())
+    }
 
     def pack(t: Tensor) -> Tensor:
         storage = t.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in weights:
+            storages[storage.data_ptr()] = storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

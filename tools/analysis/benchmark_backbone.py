@@ -25,8 +25,8 @@ import sys
 import torch
 from mmengine.logging import MMLogger
 
-from kcla_mm.analysis.benchmark import (build_models, time_modes,
-                                        train_step_memory)
+from kcla_mm.analysis.benchmark import (TRAIN_SETTINGS, build_models,
+                                        time_modes, train_step_memory)
 
 
 def parse_args():
@@ -63,6 +63,12 @@ def parse_args():
         help='KCLAResNet(kcla_inplace=True): in eval, the state and the '
         'block output are updated in place')
     parser.add_argument(
+        '--kcla-implementation',
+        default='fused',
+        choices=['fused', 'reference', 'recompute'],
+        help="KCLAResNet(kcla_implementation=...); 'recompute' keeps less "
+        'activation memory in train steps')
+    parser.add_argument(
         '--modes',
         nargs='+',
         default=['eval', 'train'],
@@ -94,7 +100,7 @@ def main():
     memory_format = (
         torch.channels_last if args.channels_last else torch.contiguous_format)
     models = build_models(args.depth, args.device, memory_format,
-                          args.kcla_inplace)
+                          args.kcla_inplace, args.kcla_implementation)
     x_eval = torch.randn(
         args.eval_batch, 3, args.size, args.size,
         device=args.device).contiguous(memory_format=memory_format)
@@ -107,7 +113,8 @@ def main():
     print(f'KCLAResNet-{args.depth} vs ResNet-{args.depth} on {args.device}, '
           f'{args.threads} thread(s), torch {torch.__version__}, ' +
           ('channels_last, ' if args.channels_last else 'NCHW, ') +
-          ('kcla_inplace, ' if args.kcla_inplace else '') + 'malloc ' +
+          ('kcla_inplace, ' if args.kcla_inplace else '') +
+          f'kcla_implementation={args.kcla_implementation}, malloc ' +
           ('keeping freed memory' if args.keep_freed_memory else 'defaults'))
     for mode, batch in (('eval', args.eval_batch), ('train',
                                                     args.train_batch)):
@@ -122,16 +129,21 @@ def main():
 
     if 'train' not in args.modes:
         return
-    memory = train_step_memory(models, x_train, args.device)
-    print(f'activation memory of a train step: ResNet '
-          f'{memory["resnet"] / 2**20:.1f} MiB  KCLA '
-          f'{memory["kcla"] / 2**20:.1f} MiB  ratio '
-          f'{memory["kcla"] / memory["resnet"]:.3f}')
-    if args.device.startswith('cuda'):
-        print(f'peak CUDA memory of a train step: ResNet '
-              f'{memory["resnet_peak"] / 2**20:.1f} MiB  KCLA '
-              f'{memory["kcla_peak"] / 2**20:.1f} MiB  ratio '
-              f'{memory["kcla_peak"] / memory["resnet_peak"]:.3f}')
+    for setting in TRAIN_SETTINGS:
+        if setting != 'bn':
+            models = build_models(args.depth, args.device, memory_format,
+                                  args.kcla_inplace, args.kcla_implementation,
+                                  setting)
+        memory = train_step_memory(models, x_train, args.device)
+        print(f'activation memory of a train step ({setting}, weights '
+              f'excluded): ResNet {memory["resnet"] / 2**20:.1f} MiB  KCLA '
+              f'{memory["kcla"] / 2**20:.1f} MiB  ratio '
+              f'{memory["kcla"] / memory["resnet"]:.3f}')
+        if args.device.startswith('cuda'):
+            print(f'peak CUDA memory of a train step ({setting}): ResNet '
+                  f'{memory["resnet_peak"] / 2**20:.1f} MiB  KCLA '
+                  f'{memory["kcla_peak"] / 2**20:.1f} MiB  ratio '
+                  f'{memory["kcla_peak"] / memory["resnet_peak"]:.3f}')
 
 
 if __name__ == '__main__':

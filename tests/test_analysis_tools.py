@@ -16,7 +16,7 @@ from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
 from kcla_mm.models import KCLAResNet, MRLALightResNet
 from kcla_mm.torch_compat import has_mem_tracker
-from helpers import ROOT, load_tool, output_of
+from helpers import ROOT, load_tool, output_of, run
 
 KCLA_UNET = osp.join(ROOT, 'configs/kcla/unet_kcla-r18_isic2017-256x256.py')
 LA_UNET = osp.join(ROOT, 'configs/baselines/unet_la-r18_isic2017-256x256.py')
@@ -56,6 +56,55 @@ def test_benchmark_backbone_measures_both_memory_settings():
     assert set(fused) == set(recompute) == {'bn', 'detection'}
     for setting in fused:
         assert 1 < recompute[setting] < fused[setting], (fused, recompute)
+
+
+OFFICIAL_STAND_IN = """
+import torch.nn as nn
+
+def resnet18_kcla():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=4), nn.BatchNorm2d(8),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+"""
+
+
+def test_benchmark_backbone_adds_the_official_file(tmp_path):
+    """``--official FILE`` builds ``resnet<depth>_kcla()`` from the user's
+    file (a stand-in here: the real one is fetched by the user) into the
+    same run, and names the file and the function when either is
+    missing."""
+    official = tmp_path / 'kcla_resnet.py'
+    official.write_text(OFFICIAL_STAND_IN)
+    args = ('--size', 64, '--train-batch', 2, '--repeats', 1, '--warmup', 0)
+    log = output_of(sys.executable, 'tools/analysis/benchmark_backbone.py',
+                    '--depth', 18, *args, '--official', official)
+    for mode in ('eval forward', r'train step \(fwd\+bwd\)'):
+        assert re.search(
+            mode + r'.*ratio [\d.]+  official +[\d.]+ ms  '
+            r'ratio [\d.]+', log), log
+    assert re.search(r'\(bn, weights excluded\).*  official [\d.]+ MiB',
+                     log), log
+    assert 'official' not in re.search(r'\(detection.*', log).group(0)
+    result = run(
+        sys.executable,
+        'tools/analysis/benchmark_backbone.py',
+        '--depth',
+        50,
+        *args,
+        '--official',
+        official,
+        check=False)
+    assert result.returncode != 0
+    assert f'--official {official} has no resnet50_kcla() for depth 50 ' \
+        '(it has: resnet18_kcla)' in result.stderr
+    result = run(
+        sys.executable,
+        'tools/analysis/benchmark_backbone.py',
+        *args,
+        '--official',
+        tmp_path / 'missing.py',
+        check=False)
+    assert f'--official {tmp_path / "missing.py"}: no such file' in \
+        result.stderr
 
 
 def test_depth_scaling_writes_csv_and_plot(tmp_path, capsys):

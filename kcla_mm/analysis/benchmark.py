@@ -6,7 +6,9 @@ Both models are measured in one run, alternating iteration by iteration
 (:func:`kcla_mm.analysis.timing.alternating_times`) so that machine noise
 hits both alike. Speed is a measurement, not a test: nothing here asserts.
 """
-from typing import Dict, List, Sequence, Tuple
+import importlib.util
+import os.path as osp
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -28,19 +30,44 @@ TRAIN_SETTINGS = {
 }
 
 
+def load_official(path: str, depth: int) -> nn.Module:
+    """The official ImageNet KCLA-ResNet of ``depth`` from the user's copy
+    of its file (github bgx666/KCLA ``imagenet/kcla_resnet.py``, which
+    needs only torch), with its fc replaced by the identity: the
+    comparison is of backbones (the average pool stays, a few
+    microseconds)."""
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'--official {path}: no such file')
+    spec = importlib.util.spec_from_file_location('official_kcla_resnet', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    name = f'resnet{depth}_kcla'
+    if not hasattr(module, name):
+        found = sorted(n for n in vars(module) if n.endswith('_kcla'))
+        raise ValueError(f'--official {path} has no {name}() for depth '
+                         f'{depth} (it has: {", ".join(found) or "none"})')
+    model = getattr(module, name)()
+    if isinstance(getattr(model, 'fc', None), nn.Module):
+        model.fc = nn.Identity()
+    return model
+
+
 def build_models(depth: int,
                  device: str = 'cpu',
                  memory_format: torch.memory_format = torch.contiguous_format,
                  kcla_inplace: bool = False,
                  kcla_implementation: str = 'fused',
-                 setting: str = 'bn') -> Dict[str, nn.Module]:
+                 setting: str = 'bn',
+                 official: Optional[str] = None) -> Dict[str, nn.Module]:
     """``{'resnet': ResNet, 'kcla': KCLAResNet}`` of ``depth``, initialised
     with seed 0 and moved to ``device`` in ``memory_format``; KCLAResNet's
     ``kcla_inplace`` and ``kcla_implementation`` as given.
 
     ``setting`` is one of :data:`TRAIN_SETTINGS`, the same for both; the
     default 'bn' (nothing frozen) makes a train step update BN statistics
-    as in ImageNet training.
+    as in ImageNet training. With ``official`` (a path, see
+    :func:`load_official`) and the 'bn' setting, the official model is
+    added as ``'official'`` (it has no frozen stages or frozen BN).
     """
     torch.manual_seed(0)
     common = dict(depth=depth, **TRAIN_SETTINGS[setting])
@@ -53,8 +80,11 @@ def build_models(depth: int,
             kcla_inplace=kcla_inplace,
             kcla_implementation=kcla_implementation)
     }
+    if official is not None and setting == 'bn':
+        models['official'] = load_official(official, depth)
     for model in models.values():
-        model.init_weights()
+        if hasattr(model, 'init_weights'):  # the official model inits itself
+            model.init_weights()
         model.to(device, memory_format=memory_format)
     return models
 

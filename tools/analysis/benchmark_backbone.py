@@ -69,6 +69,12 @@ def parse_args():
         help="KCLAResNet(kcla_implementation=...); 'recompute' keeps less "
         'activation memory in train steps')
     parser.add_argument(
+        '--official',
+        metavar='FILE',
+        help='also measure the official model: your copy of '
+        'imagenet/kcla_resnet.py of github bgx666/KCLA (fc removed), in the '
+        "same interleaved run and in the memory of the 'bn' setting")
+    parser.add_argument(
         '--modes',
         nargs='+',
         default=['eval', 'train'],
@@ -99,8 +105,13 @@ def main():
     MMLogger.get_current_instance().setLevel(logging.WARNING)
     memory_format = (
         torch.channels_last if args.channels_last else torch.contiguous_format)
-    models = build_models(args.depth, args.device, memory_format,
-                          args.kcla_inplace, args.kcla_implementation)
+    models = build_models(
+        args.depth,
+        args.device,
+        memory_format,
+        args.kcla_inplace,
+        args.kcla_implementation,
+        official=args.official)
     x_eval = torch.randn(
         args.eval_batch, 3, args.size, args.size,
         device=args.device).contiguous(memory_format=memory_format)
@@ -123,9 +134,14 @@ def main():
         base = statistics.median(results[('resnet', mode)])
         kcla = statistics.median(results[('kcla', mode)])
         label = 'eval forward' if mode == 'eval' else 'train step (fwd+bwd)'
-        print(f'{label:22s} batch {batch:2d}x3x{args.size}x{args.size}: '
-              f'ResNet {base * 1e3:8.1f} ms  KCLA {kcla * 1e3:8.1f} ms  '
-              f'ratio {kcla / base:.3f}')
+        line = (f'{label:22s} batch {batch:2d}x3x{args.size}x{args.size}: '
+                f'ResNet {base * 1e3:8.1f} ms  KCLA {kcla * 1e3:8.1f} ms  '
+                f'ratio {kcla / base:.3f}')
+        if 'official' in models:
+            official = statistics.median(results[('official', mode)])
+            line += (f'  official {official * 1e3:8.1f} ms  ratio '
+                     f'{official / base:.3f}')
+        print(line)
 
     if 'train' not in args.modes:
         return
@@ -135,10 +151,14 @@ def main():
                                   args.kcla_inplace, args.kcla_implementation,
                                   setting)
         memory = train_step_memory(models, x_train, args.device)
-        print(f'activation memory of a train step ({setting}, weights '
-              f'excluded): ResNet {memory["resnet"] / 2**20:.1f} MiB  KCLA '
-              f'{memory["kcla"] / 2**20:.1f} MiB  ratio '
-              f'{memory["kcla"] / memory["resnet"]:.3f}')
+        line = (f'activation memory of a train step ({setting}, weights '
+                f'excluded): ResNet {memory["resnet"] / 2**20:.1f} MiB  KCLA '
+                f'{memory["kcla"] / 2**20:.1f} MiB  ratio '
+                f'{memory["kcla"] / memory["resnet"]:.3f}')
+        if 'official' in memory:
+            line += (f'  official {memory["official"] / 2**20:.1f} MiB  '
+                     f'ratio {memory["official"] / memory["resnet"]:.3f}')
+        print(line)
         if args.device.startswith('cuda'):
             print(f'peak CUDA memory of a train step ({setting}): ResNet '
                   f'{memory["resnet_peak"] / 2**20:.1f} MiB  KCLA '

@@ -159,7 +159,10 @@ class RecomputedUpdate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_x: Optional[Tensor], grad_u: Optional[Tensor]):
         x, u_prev, w, scale, mask, *params = ctx.saved_tensors
-        if not ctx.keep_prev:
+        if ctx.keep_prev:
+            # The run's recomputation cached this start too: drop it.
+            ctx.tape.cache.pop(0, None)
+        else:
             u_prev = ctx.tape.state(ctx.step - 1)
         needs = ctx.needs_input_grad
         inputs = [

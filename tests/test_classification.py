@@ -523,31 +523,34 @@ def mmpretrain_tool(name):
     return path
 
 
+def kcla_r50_tool(script, *args, data_root, epochs=1):
+    """The output of ``python SCRIPT KCLA-R50-config *ARGS`` with the config
+    shrunk to the generated set (:func:`tiny_options`), on one thread."""
+    return output_of(
+        sys.executable,
+        script,
+        KCLA['r50'],
+        *args,
+        '--cfg-options',
+        *tiny_options(data_root, epochs=epochs),
+        env=ONE_THREAD)
+
+
 def test_project_tools_train_resume_and_test(imagenet_root, tmp_path):
     work = str(tmp_path / 'work')
-    log = output_of(
-        sys.executable,
-        'tools/train.py',
-        KCLA['r50'],
-        '--work-dir',
-        work,
-        '--cfg-options',
-        *tiny_options(imagenet_root),
-        env=ONE_THREAD)
+    log = kcla_r50_tool(
+        'tools/train.py', '--work-dir', work, data_root=imagenet_root)
     assert osp.isfile(osp.join(work, 'epoch_1.pth'))
     assert 'Epoch(train) [1][3/3]' in log
     # Resume: epoch 2 continues from epoch 1's checkpoint, at the official
     # warm-up lr of epoch 1 (0.1 / 3), not from scratch.
-    log = output_of(
-        sys.executable,
+    log = kcla_r50_tool(
         'tools/train.py',
-        KCLA['r50'],
         '--work-dir',
         work,
         '--resume',
-        '--cfg-options',
-        *tiny_options(imagenet_root, epochs=2),
-        env=ONE_THREAD)
+        data_root=imagenet_root,
+        epochs=2)
     assert 'resumed epoch: 1, iter: 3' in log
     assert 'Epoch(train) [1]' not in log
     assert re.search(r'Epoch\(train\) \[2\]\[1/3\]\s+lr: 3\.3333e-02', log)
@@ -558,16 +561,12 @@ def test_project_tools_train_resume_and_test(imagenet_root, tmp_path):
     assert ckpt['meta']['epoch'] == 2
     assert any(
         k.startswith('backbone.layer1.0.kcla.') for k in ckpt['state_dict'])
-    log = output_of(
-        sys.executable,
+    log = kcla_r50_tool(
         'tools/test.py',
-        KCLA['r50'],
         osp.join(work, 'epoch_2.pth'),
         '--work-dir',
         work,
-        '--cfg-options',
-        *tiny_options(imagenet_root),
-        env=ONE_THREAD)
+        data_root=imagenet_root)
     assert 0 <= top1(log) <= 100
 
 
@@ -575,26 +574,18 @@ def test_mmpretrain_own_tools(imagenet_root, tmp_path):
     """mmpretrain's tools/train.py and tools/test.py (shipped in its .mim)
     with a KCLA config: its custom_imports register the backbone."""
     work = str(tmp_path / 'work')
-    log = output_of(
-        sys.executable,
+    log = kcla_r50_tool(
         mmpretrain_tool('train.py'),
-        KCLA['r50'],
         '--work-dir',
         work,
-        '--cfg-options',
-        *tiny_options(imagenet_root),
-        env=ONE_THREAD)
+        data_root=imagenet_root)
     assert 'Epoch(train) [1][3/3]' in log
-    log = output_of(
-        sys.executable,
+    log = kcla_r50_tool(
         mmpretrain_tool('test.py'),
-        KCLA['r50'],
         osp.join(work, 'epoch_1.pth'),
         '--work-dir',
         work,
-        '--cfg-options',
-        *tiny_options(imagenet_root),
-        env=ONE_THREAD)
+        data_root=imagenet_root)
     assert 0 <= top1(log) <= 100
 
 

@@ -74,7 +74,38 @@ def add_mim_extension() -> None:
             shutil.copyfile(src, dst)
 
 
+def extension_modules() -> list:
+    """The C++ kernels of the compiled KCLA layer (kcla_mm/csrc), where torch
+    is importable at build time (setup installs with --no-build-isolation);
+    without them kcla_mm runs its pure-PyTorch layer.
+    ``KCLA_MM_NO_EXTENSION=1`` skips them."""
+    if os.environ.get('KCLA_MM_NO_EXTENSION', '0') not in ('', '0'):
+        return []
+    try:
+        import torch
+        from torch.utils.cpp_extension import CppExtension
+    except ImportError:
+        return []
+    # Named after the torch it is built against (kcla_mm loads the one for
+    # the running torch): an editable install builds it into the source
+    # tree, which CI's two stacks (torch 2.13 and 2.1.2) share.
+    major, minor = torch.__version__.split('.')[:2]
+    return [
+        CppExtension(
+            f'{PACKAGE}._kcla_cpu_t{major}_{minor}',
+            [f'{PACKAGE}/csrc/kcla_branch.cpp'],
+            # -fopenmp-simd: the kernels' `omp simd` reductions vectorise
+            # without -ffast-math (no OpenMP runtime is linked).
+            extra_compile_args=['-O3', '-fopenmp-simd'])
+    ]
+
+
 cmdclass = {}
+ext_modules = extension_modules()
+if ext_modules:
+    from torch.utils.cpp_extension import BuildExtension
+    cmdclass['build_ext'] = BuildExtension
+
 if editable_wheel is not None:
 
     class EditableWheelWithMim(editable_wheel):
@@ -116,6 +147,7 @@ setup(
     include_package_data=True,
     package_data={PACKAGE: ['.mim/**/*']},
     exclude_package_data={PACKAGE: ['.mim/**/__pycache__/*']},
+    ext_modules=ext_modules,
     cmdclass=cmdclass,
     python_requires='>=3.8',
     # Ranges, not pins: kcla_mm installs into its users' OpenMMLab stack.

@@ -41,7 +41,7 @@ command -v "$py" >/dev/null 2>&1 || py=python3
 
 # The stamp covers everything that decides what gets installed.
 stamp_src=$(cat "$root/scripts/setup_venv.sh" "$root/scripts/check_mmcv.py" \
-  "$root/setup.py" "$lock" \
+  "$root/setup.py" "$lock" "$root"/kcla_mm/csrc/*.cpp \
   "$root/requirements/runtime.txt" "$root/requirements/dev.txt" \
   "$root/requirements/mim.txt" "$root/requirements/pretrain.txt")
 stamp_hash=$(printf '%s' "$stamp_src" | sha256sum | cut -d' ' -f1)
@@ -62,6 +62,20 @@ import torch, mmengine, mmdet, mmseg, mim, matplotlib, vermin, kcla_mm  # noqa: 
 if len(sys.argv) > 1:  # the stack has the pretrain extra
     import mmpretrain  # noqa: F401
 PY
+  # The compiled KCLA kernels (kcla_mm/csrc), built by `pip install -e .`
+  # wherever there is a C++ compiler; without one kcla_mm runs its
+  # pure-PyTorch layer, and says so here.
+  if command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1; then
+    "$venv/bin/python" -c 'import importlib
+from kcla_mm.models.layers.kcla_compiled import extension_name
+importlib.import_module(extension_name())' || {
+      echo "[setup] $stack: kcla_mm's compiled kernels did not build" >&2
+      return 1
+    }
+  else
+    echo "[setup] $stack: no C++ compiler: kcla_mm's compiled kernels are" \
+      "not built (the pure-PyTorch layer is used)" >&2
+  fi
 }
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_hash" ] && verify; then

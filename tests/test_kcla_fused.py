@@ -1,5 +1,6 @@
-"""Every fast path of KCLALayer (kcla_mm/models/layers/kcla_fused.py)
-against the reference implementation (KCLALayer.forward_reference and the
+"""Every fast path of KCLALayer (kcla_mm/models/layers/kcla_fused.py,
+kcla_recompute.py and the compiled kernels of kcla_compiled.py) against the
+reference implementation (KCLALayer.forward_reference and the
 methods it is written with), piece by piece and whole."""
 import copy
 
@@ -18,6 +19,18 @@ from helpers import assert_close_to_max, incoming_state
 from official_reference import randomise_
 
 CASES = ['first', 'carry', 'adapt', 'renorm']
+
+
+def compiled_layer_forward(layer, x, state):
+    layer.implementation = 'compiled'
+    return layer(x, state)
+
+
+PATHS = {
+    'fused': fused_forward,
+    'recompute': recomputed_forward,
+    'compiled': compiled_layer_forward,
+}
 FORMATS = {
     'contiguous': torch.contiguous_format,
     'channels_last': torch.channels_last
@@ -116,13 +129,15 @@ def test_folded_value(float64, norm, mode, n, memory_format):
 @pytest.mark.parametrize('mode', ['train', 'eval'])
 @pytest.mark.parametrize('case', CASES)
 @pytest.mark.parametrize('zero_init_branch', [False, True])
-@pytest.mark.parametrize('path', ['fused', 'recompute'])
+@pytest.mark.parametrize('path', PATHS)
 def test_fused_forward_float64(float64, path, zero_init_branch, case, mode, n,
                                memory_format):
     """The whole layer: outputs, state and every gradient; with
     zero_init_branch, its per-channel scale too (randomised, so not zero).
     'recompute' is the fused path whose backward recomputes the branch
-    (kcla_recompute.py; its chains of layers are in test_kcla_recompute.py).
+    (kcla_recompute.py; its chains of layers are in test_kcla_recompute.py);
+    'compiled' runs the C++ kernels where they apply (here: NCHW), the
+    fused path elsewhere.
     """
     layer, x, state = make_case(case, n=n, zero_init_branch=zero_init_branch)
     layer.train(mode == 'train')
@@ -134,8 +149,7 @@ def test_fused_forward_float64(float64, path, zero_init_branch, case, mode, n,
             state.u.contiguous(memory_format=fmt).requires_grad_(),
             state.z.requires_grad_())
         inputs += list(state)
-    forward = fused_forward if path == 'fused' else recomputed_forward
-    y, new_state = forward(layer, x, state)
+    y, new_state = PATHS[path](layer, x, state)
     y_ref, state_ref = layer.forward_reference(x, state)
     assert_same_values_and_gradients((y, *new_state), (y_ref, *state_ref),
                                      inputs, layer)
@@ -145,12 +159,15 @@ def test_fused_forward_float64(float64, path, zero_init_branch, case, mode, n,
 @pytest.mark.parametrize('inplace', [False, True])
 @pytest.mark.parametrize('norm', ['BN', 'GN'])
 @pytest.mark.parametrize('case', CASES)
-def test_fused_inference_in_and_out_of_place(float64, case, norm, inplace,
-                                             zero_init_branch):
+@pytest.mark.parametrize('implementation', ['fused', 'compiled'])
+def test_fused_inference_in_and_out_of_place(float64, implementation, case,
+                                             norm, inplace, zero_init_branch):
     """Without autograd: the reference's values either way; the inputs are
-    left alone unless ``inplace`` was asked for."""
+    left alone unless ``inplace`` was asked for ('compiled' runs its
+    kernels with BN, the fused path with GN)."""
     layer, x, state = make_case(
         case, norm=norm, inplace=inplace, zero_init_branch=zero_init_branch)
+    layer.implementation = implementation
     layer.eval()
     with torch.no_grad():
         y_ref, state_ref = layer.forward_reference(x, state)
@@ -167,15 +184,14 @@ def test_fused_inference_in_and_out_of_place(float64, case, norm, inplace,
         assert torch.equal(state_in.u, state.u) is not inplace
 
 
-@pytest.mark.parametrize('path', ['fused', 'recompute'])
+@pytest.mark.parametrize('path', PATHS)
 def test_fused_forward_float32_and_drop_path(path):
     """fp32 within 1e-5 of the reference; drop path draws the same mask
     from the same seed on both paths."""
     layer, x, state = make_case('adapt', drop_path=0.5, n=8)
     layer.train()
     torch.manual_seed(1)
-    forward = fused_forward if path == 'fused' else recomputed_forward
-    y, new_state = forward(layer, x.requires_grad_(), state)
+    y, new_state = PATHS[path](layer, x.requires_grad_(), state)
     torch.manual_seed(1)
     y_ref, state_ref = layer.forward_reference(x, state)
     for ours, ref in zip((y, *new_state), (y_ref, *state_ref)):
@@ -217,8 +233,9 @@ def test_unknown_implementation_is_named():
         KCLAResNet(depth=18, head_dim=32, kcla_implementation='fast')
 
 
-def test_backbone_implementations_agree():
-    """KCLAResNet-18 eval features, fused against reference."""
+@pytest.mark.parametrize('implementation', ['fused', 'compiled'])
+def test_backbone_implementations_agree(implementation):
+    """KCLAResNet-18 eval features against the reference."""
     ref = randomise_(
         KCLAResNet(
             depth=18,
@@ -228,7 +245,7 @@ def test_backbone_implementations_agree():
     model = copy.deepcopy(ref)
     for module in model.modules():
         if isinstance(module, KCLALayer):
-            module.implementation = 'fused'
+            module.implementation = implementation
     x = torch.rand(2, 3, 65, 47)
     with torch.no_grad():
         for ours, want in zip(model(x), ref(x)):

@@ -1,7 +1,9 @@
 """kcla_implementation='recompute' (kcla_mm/models/layers/kcla_recompute.py)
+and 'compiled' (kcla_compiled.py: the C++ kernels on the same state tape)
 across whole backbones: the reference's outputs, gradients and BN
-statistics, and the activation memory it was made for. The layer-level
-parity is in test_kcla_fused.py."""
+statistics, and the activation memory they were made for. The layer-level
+parity is in test_kcla_fused.py, the kernels' own in test_kcla_compiled.py.
+"""
 import pytest
 import torch
 from mmdet.models.backbones import ResNet
@@ -26,9 +28,13 @@ SETTINGS = {
     'warm_start': dict(norm_eval=False, zero_init_attention=True),
 }
 
+# The implementations that keep little for backward.
+LEAN = ['recompute', 'compiled']
 
-def pair(depth, drop_path=0.3, **kwargs):
-    """Randomised reference and recompute backbones with equal weights."""
+
+def pair(depth, drop_path=0.3, implementation='recompute', **kwargs):
+    """Randomised reference and ``implementation`` backbones with equal
+    weights."""
     common = dict(
         depth=depth,
         base_channels=8,
@@ -37,7 +43,7 @@ def pair(depth, drop_path=0.3, **kwargs):
         **kwargs)
     reference = randomise_(
         KCLAResNet(kcla_implementation='reference', **common))
-    ours = KCLAResNet(kcla_implementation='recompute', **common)
+    ours = KCLAResNet(kcla_implementation=implementation, **common)
     ours.load_state_dict(reference.state_dict())
     return reference, ours
 
@@ -59,12 +65,16 @@ def train_step(model, x, grad_outputs, seed=3):
 @pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])
 @pytest.mark.parametrize('setting', sorted(SETTINGS))
 @pytest.mark.parametrize('depth', [50, 101])
-def test_train_step_is_the_reference(float64, depth, setting, memory_format):
+@pytest.mark.parametrize('implementation', LEAN)
+def test_train_step_is_the_reference(float64, implementation, depth, setting,
+                                     memory_format):
     """R101 re-normalises mid-stage (the official block 11), so a stage's
     states are recomputed from two starts there. Odd input size, drop path
     and, after the step, the same BN running statistics (updated once, not
-    again by the recomputation)."""
-    reference, ours = pair(depth, **SETTINGS[setting])
+    again by the recomputation). 'compiled' runs its kernels where they
+    apply and the fused path elsewhere (channels_last, GN)."""
+    reference, ours = pair(
+        depth, implementation=implementation, **SETTINGS[setting])
     fmt = FORMATS[memory_format]
     reference.to(memory_format=fmt)
     ours.to(memory_format=fmt)
@@ -85,15 +95,18 @@ def test_train_step_is_the_reference(float64, depth, setting, memory_format):
         if setting == 'with_cp' and '.kcla.' in name:
             # The reference's KCLA layers run inside a checkpoint, whose
             # recomputation updates their BN statistics a second time;
-            # 'recompute' leaves them out of it (and updates them once).
+            # 'recompute' and 'compiled' leave them out of it (and update
+            # them once).
             continue
         assert torch.allclose(buffer, want_buffers[name], atol=1e-12), name
 
 
-def test_a_second_backward_through_a_retained_graph(float64):
+@pytest.mark.parametrize('implementation', LEAN)
+def test_a_second_backward_through_a_retained_graph(float64, implementation):
     """The cached states are used up by the first backward pass; a second
     one through the retained graph recomputes them."""
-    _, model = pair(50, drop_path=0., norm_eval=False)
+    _, model = pair(
+        50, drop_path=0., implementation=implementation, norm_eval=False)
     model.train()
     x = torch.rand(2, 3, 32, 32, requires_grad=True)
     loss = sum((o**2).mean() for o in model(x))
@@ -117,9 +130,11 @@ def stage_bytes(model, x):
 
 
 @pytest.mark.parametrize('setting', ['bn', 'detection'])
-def test_keeps_one_state_per_stage_not_per_layer(setting):
+@pytest.mark.parametrize('implementation', LEAN)
+def test_keeps_one_state_per_stage_not_per_layer(implementation, setting):
     """What a train step keeps for backward beyond mmdet's ResNet (the
-    weights excluded): with 'recompute', one block output per block (the
+    weights excluded): with 'recompute' or 'compiled' (the default where
+    the kernels are built), one block output per block (the
     block's ReLU result and the sum after the branch are two tensors) and
     at most one state per stage (where a frozen stage left no tape, the
     next stage's re-normalisation keeps its input); the fused path keeps
@@ -127,8 +142,8 @@ def test_keeps_one_state_per_stage_not_per_layer(setting):
     kwargs = dict(depth=50, base_channels=16, head_dim=16, **SETTINGS[setting])
     torch.manual_seed(0)
     resnet = ResNet(**{k: v for k, v in kwargs.items() if k != 'head_dim'})
-    fused = KCLAResNet(**kwargs)
-    ours = KCLAResNet(kcla_implementation='recompute', **kwargs)
+    fused = KCLAResNet(kcla_implementation='fused', **kwargs)
+    ours = KCLAResNet(kcla_implementation=implementation, **kwargs)
     x = torch.rand(2, 3, 64, 64)
     saved = {}
     for name, model in (('resnet', resnet), ('fused', fused), ('ours', ours)):

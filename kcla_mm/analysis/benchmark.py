@@ -56,7 +56,7 @@ def build_models(depth: int,
                  device: str = 'cpu',
                  memory_format: torch.memory_format = torch.contiguous_format,
                  kcla_inplace: bool = False,
-                 kcla_implementation: str = 'fused',
+                 kcla_implementation: str = 'auto',
                  setting: str = 'bn',
                  official: Optional[str] = None) -> Dict[str, nn.Module]:
     """``{'resnet': ResNet, 'kcla': KCLAResNet}`` of ``depth``, initialised

@@ -27,6 +27,7 @@ from mmengine.logging import MMLogger
 
 from kcla_mm.analysis.benchmark import (TRAIN_SETTINGS, build_models,
                                         time_modes, train_step_memory)
+from kcla_mm.models.layers.kcla_layer import IMPLEMENTATIONS
 
 
 def parse_args():
@@ -64,10 +65,11 @@ def parse_args():
         'block output are updated in place')
     parser.add_argument(
         '--kcla-implementation',
-        default='fused',
-        choices=['fused', 'reference', 'recompute'],
-        help="KCLAResNet(kcla_implementation=...); 'recompute' keeps less "
-        'activation memory in train steps')
+        default='auto',
+        choices=list(IMPLEMENTATIONS),
+        help="KCLAResNet(kcla_implementation=...): 'auto' (the default) "
+        "runs the compiled kernels where built, 'fused' and 'recompute' are "
+        'the pure-PyTorch paths')
     parser.add_argument(
         '--official',
         metavar='FILE',

@@ -28,9 +28,11 @@ class KCLAResNet(CrossLayerResNet):
         renorm_blocks (Sequence[int]): Block indices within a stage whose
             KCLA layer re-normalises the state. Default: (0, 11) (official;
             block 11 exists only in the deep stages of ResNet-101/152).
-        kcla_implementation (str): ``'fused'``, ``'reference'`` or
-            ``'recompute'`` (less activation memory in training), see
-            :class:`~kcla_mm.models.layers.KCLALayer`. Default: 'fused'.
+        kcla_implementation (str): ``'auto'`` (the compiled CPU kernels
+            where they apply, else ``'fused'``), ``'compiled'``,
+            ``'fused'``, ``'reference'`` or ``'recompute'`` (less
+            activation memory in pure PyTorch), see
+            :class:`~kcla_mm.models.layers.KCLALayer`. Default: 'auto'.
         kcla_inplace (bool): In inference without autograd, add each KCLA
             branch into the block output in place and update the state in
             place. Saves memory traffic, but a forward hook that keeps a
@@ -64,7 +66,7 @@ class KCLAResNet(CrossLayerResNet):
                  clamp: float = 10.,
                  kcla_drop_path: float = 0.2,
                  renorm_blocks: Sequence[int] = (0, 11),
-                 kcla_implementation: str = 'fused',
+                 kcla_implementation: str = 'auto',
                  kcla_inplace: bool = False,
                  **kwargs):
         if kcla_implementation not in IMPLEMENTATIONS:

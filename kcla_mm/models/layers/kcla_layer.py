@@ -26,11 +26,13 @@ from torch import Tensor
 from .attention_branch import (add_branch, at_least_fp32, build_state_adapter,
                                check_branch_args, eca_conv1d, init_cfg_list,
                                scale_branch, spatial_mean, zero_branch_scale)
+from .kcla_compiled import (compiled_applies, compiled_forward, extension,
+                            require_extension)
 from .kcla_fused import fused_forward
 from .kcla_recompute import recomputed_forward
 from .kcla_state import STATE_EPS, KCLAState
 
-IMPLEMENTATIONS = ('fused', 'reference', 'recompute')
+IMPLEMENTATIONS = ('auto', 'compiled', 'fused', 'reference', 'recompute')
 
 
 def head_temperatures(num_heads: int,
@@ -86,13 +88,19 @@ class KCLALayer(BaseModule):
         clamp (float): Upper bound of ||K|| / tau before ``exp``. Default: 10.
         drop_path (float): Drop-path rate of the attention branch.
             Default: 0.2.
-        implementation (str): ``'fused'`` (:mod:`.kcla_fused`: fewer passes
-            over memory), ``'reference'`` (:meth:`forward_reference`, the
-            equations above as written) or ``'recompute'`` (the fused path
-            whose train steps keep one block-sized tensor per layer for the
-            backward pass instead of four, and recompute the branch there:
-            :mod:`.kcla_recompute`). All compute the same function.
-            Default: 'fused'.
+        implementation (str): ``'auto'`` (``'compiled'`` where it applies,
+            else ``'fused'``), ``'compiled'`` (:mod:`.kcla_compiled`: the
+            block-sized work in the C++ kernels that setup builds, two
+            passes over memory, nothing block-sized kept for backward;
+            CPU, fp32/fp64, NCHW and BatchNorm only, ``'fused'`` for the
+            rest; an error where the extension is not built), ``'fused'``
+            (:mod:`.kcla_fused`: pure PyTorch, fewer passes over memory
+            than the reference), ``'reference'`` (:meth:`forward_reference`,
+            the equations above as written) or ``'recompute'`` (the fused
+            path whose train steps keep one block-sized tensor per layer
+            for the backward pass instead of four, and recompute the
+            branch there: :mod:`.kcla_recompute`). All compute the same
+            function. Default: 'auto'.
         inplace (bool): In inference without autograd, let the fused
             implementation add into the block output and the state in
             place, saving two tensors per block. A forward hook that keeps
@@ -123,7 +131,7 @@ class KCLALayer(BaseModule):
                  temperature_range: Sequence[float] = (0.7, 1 / 0.7),
                  clamp: float = 10.,
                  drop_path: float = 0.2,
-                 implementation: str = 'fused',
+                 implementation: str = 'auto',
                  inplace: bool = False,
                  zero_init_branch: bool = False,
                  conv_cfg: Optional[dict] = None,
@@ -138,6 +146,8 @@ class KCLALayer(BaseModule):
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f'implementation={implementation!r} must be one '
                              f'of {IMPLEMENTATIONS}')
+        if implementation == 'compiled':
+            require_extension()
         self.channels = channels
         self.head_dim = head_dim
         self.num_heads = channels // head_dim
@@ -177,9 +187,12 @@ class KCLALayer(BaseModule):
 
     @property
     def recomputes_backward(self) -> bool:
-        """Whether train steps recompute the branch in backward (then
-        ``with_cp`` leaves this layer out of the block's checkpoint)."""
-        return self.implementation == 'recompute'
+        """Whether train steps (may) recompute the branch in backward
+        (then ``with_cp`` leaves this layer out of the block's
+        checkpoint: its nodes read each other's saved tensors)."""
+        return self.implementation == 'recompute' or (
+            self.implementation in ('auto', 'compiled')
+            and extension() is not None)
 
     def split_heads(self, t: Tensor) -> Tensor:
         """(N, C, ...) -> (N, heads, head_dim, ...), a view."""
@@ -269,6 +282,9 @@ class KCLALayer(BaseModule):
         """
         if self.implementation == 'reference':
             return self.forward_reference(x, state)
+        if (self.implementation in ('auto', 'compiled')
+                and compiled_applies(self, x, state)):
+            return compiled_forward(self, x, state, inplace=self.inplace)
         if self.implementation == 'recompute' and torch.is_grad_enabled():
             return recomputed_forward(self, x, state)
         return fused_forward(self, x, state, inplace=self.inplace)

@@ -251,10 +251,27 @@ def renorm_parameters(layer: 'KCLALayer') -> List[nn.Parameter]:
     return [p for m in modules if m is not None for p in m.parameters()]
 
 
-def recomputed_forward(layer: 'KCLALayer', x: Tensor,
-                       state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:
+def recomputed_update(layer: 'KCLALayer', tape: StateTape, step: int,
+                      keep_prev: bool, x: Tensor, u_prev: Optional[Tensor],
+                      w: Tensor, scale: Tensor,
+                      mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """The :class:`RecomputedUpdate` node of one layer."""
+    return RecomputedUpdate.apply(layer, tape, step, keep_prev, x, u_prev, w,
+                                  scale, mask, *branch_parameters(layer))
+
+
+# update(layer, tape, step, keep_prev, x, u_prev, w, scale, mask) -> (x, u)
+UpdateNode = Callable[..., Tuple[Tensor, Tensor]]
+
+
+def recomputed_forward(
+        layer: 'KCLALayer',
+        x: Tensor,
+        state: Optional[KCLAState],
+        update: UpdateNode = recomputed_update) -> Tuple[Tensor, KCLAState]:
     """:func:`.fused_forward` (outside inference) with the update and the
-    branch in one :class:`RecomputedUpdate` node, and Algorithm 1 in a
+    branch in one node made by ``update`` (:class:`RecomputedUpdate`, or
+    the compiled kernels' node), and Algorithm 1 in a
     :class:`RecomputedRenorm` node; falls back to the fused path where
     :func:`replayable` says no."""
     if not replayable(layer, x):
@@ -277,10 +294,9 @@ def recomputed_forward(layer: 'KCLALayer', x: Tensor,
     gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
     z = w if state is None else state.z + w
     mask = drop_path_mask(x, layer.drop_path, layer.training)
-    x, u = RecomputedUpdate.apply(layer, tape, step, keep_prev, x,
-                                  None if state is None else state.u, w,
-                                  gate / (z + STATE_EPS), mask,
-                                  *branch_parameters(layer))
+    x, u = update(layer, tape, step, keep_prev, x,
+                  None if state is None else state.u, w,
+                  gate / (z + STATE_EPS), mask)
     # The next layer finds the tape through the state it receives.
     u._kcla_tape, u._kcla_step = tape, step
     return x, KCLAState(u, z)

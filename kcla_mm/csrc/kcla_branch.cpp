@@ -1,0 +1,639 @@
+// Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+//
+// The CPU kernels of KCLALayer's 'compiled' implementation
+// (kcla_mm/models/layers/kcla_compiled.py): the block-sized part of one
+// layer, forward and backward, one (sample, channel) plane at a time so that
+// each plane's state, depthwise conv and norm stay in cache.
+//
+// Per plane (n, c) of head h, with w = w[n, h], s = gate / (Z + eps) [n, h]:
+//   U^t = U^{t-1} + w X^t                           (the new state)
+//   v   = DWConv3x3(U^t; s k_c)                     (the conv is linear and
+//                                                    per channel: s scales
+//                                                    its kernel)
+//   y   = gamma_c (v - mean_c) / sqrt(var_c + eps) + beta_c
+//                                                   (BN with the batch's or
+//                                                    the running statistics)
+//   out = X^t + m_n b_c ReLU(y)                     (m: drop path, b: the
+//                                                    optional branch scale)
+// The pure-PyTorch layer (kcla_layer.py, forward_reference) is the oracle
+// these are tested against (tests/test_kcla_compiled.py).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+// One copy of each hot loop for x86-64-v3 (AVX2, FMA) machines and one for any x86-64,
+// chosen when the library loads: the extension is built from source by
+// setup, but a wheel built with -march=native would not run elsewhere.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define KCLA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KCLA_CLONES
+#endif
+
+namespace {
+
+using at::Tensor;
+
+// Sums over a plane run in float vectors over blocks of this many values,
+// each block's sum added in double: vector speed, and a rounding error that
+// does not grow with the plane (a detection plane holds ~10^5 values).
+constexpr int64_t kBlock = 1024;
+
+// out[i, j] = sum_{a, b} k[3a + b] in[i + a - 1, j + b - 1], zero padded,
+// for output rows [i0, i1): row by row, for tiny planes and border rows.
+template <typename T>
+void conv3x3_rows(const T* in, T* out, const T* k, int64_t H, int64_t W,
+                  int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t j = 0; j < W; ++j) {
+      T sum = 0;
+      for (int64_t a = 0; a < 3; ++a) {
+        const int64_t r = i + a - 1;
+        if (r < 0 || r >= H) continue;
+        for (int64_t b = 0; b < 3; ++b) {
+          const int64_t col = j + b - 1;
+          if (col >= 0 && col < W) sum += k[3 * a + b] * in[r * W + col];
+        }
+      }
+      out[i * W + j] = sum;
+    }
+  }
+}
+
+// The 3x3 depthwise conv of one plane (as conv3x3_rows for all rows). Rows
+// 1 .. H-2 run as one flat loop, so that the vectors span whole rows
+// instead of restarting every W (56 or fewer) values; its first and last
+// columns pick up taps wrapped from the neighbouring rows and are
+// recomputed after it.
+template <typename T>
+KCLA_CLONES void conv3x3(const T* __restrict in, T* __restrict out,
+                         const T* __restrict k, int64_t H, int64_t W) {
+  if (H < 3 || W < 3) {
+    conv3x3_rows(in, out, k, H, W, 0, H);
+    return;
+  }
+  const T k0 = k[0], k1 = k[1], k2 = k[2], k3 = k[3], k4 = k[4], k5 = k[5],
+          k6 = k[6], k7 = k[7], k8 = k[8];
+  const int64_t end = H * W - W - 1;
+#pragma omp simd
+  for (int64_t p = W + 1; p < end; ++p)
+    out[p] = k0 * in[p - W - 1] + k1 * in[p - W] + k2 * in[p - W + 1] +
+             k3 * in[p - 1] + k4 * in[p] + k5 * in[p + 1] +
+             k6 * in[p + W - 1] + k7 * in[p + W] + k8 * in[p + W + 1];
+  for (int64_t i = 1; i < H - 1; ++i) {
+    const T* r0 = in + (i - 1) * W;
+    const T* r1 = r0 + W;
+    const T* r2 = r1 + W;
+    out[i * W] = k1 * r0[0] + k2 * r0[1] + k4 * r1[0] + k5 * r1[1] +
+                 k7 * r2[0] + k8 * r2[1];
+    out[i * W + W - 1] = k0 * r0[W - 2] + k1 * r0[W - 1] + k3 * r1[W - 2] +
+                         k4 * r1[W - 1] + k6 * r2[W - 2] + k7 * r2[W - 1];
+  }
+  conv3x3_rows(in, out, k, H, W, 0, 1);
+  conv3x3_rows(in, out, k, H, W, H - 1, H);
+}
+
+// sum_p p[p] q[p + shift] over p in [begin, end) (q null: sum_p p[p]).
+template <typename T>
+KCLA_CLONES double flat_dot(const T* __restrict p, const T* __restrict q,
+                            int64_t begin, int64_t end, int64_t shift = 0) {
+  double total = 0;
+  for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
+    const int64_t b1 = std::min(end, b0 + kBlock);
+    T sum = 0;
+    if (q == nullptr) {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = b0; i < b1; ++i) sum += p[i];
+    } else {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = b0; i < b1; ++i) sum += p[i] * q[i + shift];
+    }
+    total += sum;
+  }
+  return total;
+}
+
+// sum_p (p[p] - mean)^2 over n values.
+template <typename T>
+KCLA_CLONES double centered_square(const T* __restrict p, T mean,
+                                   int64_t n) {
+  double total = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = b0; i < b1; ++i) {
+      const T d = p[i] - mean;
+      sum += d * d;
+    }
+    total += sum;
+  }
+  return total;
+}
+
+// gk[3a + b] += sum_{i, j} g[i, j] in[i + a - 1, j + b - 1] (valid taps
+// only): the kernel gradient of conv3x3. Each tap is one flat dot product
+// over the rows where it is valid, less the column it wraps into.
+template <typename T>
+void conv3x3_kernel_grad(const T* g, const T* in, double* gk, int64_t H,
+                         int64_t W) {
+  if (H < 3 || W < 3) {
+    for (int64_t a = 0; a < 3; ++a)
+      for (int64_t b = 0; b < 3; ++b) {
+        double sum = 0;
+        for (int64_t i = 0; i < H; ++i)
+          for (int64_t j = 0; j < W; ++j) {
+            const int64_t r = i + a - 1, col = j + b - 1;
+            if (r >= 0 && r < H && col >= 0 && col < W)
+              sum += double(g[i * W + j]) * in[r * W + col];
+          }
+        gk[3 * a + b] += sum;
+      }
+    return;
+  }
+  for (int64_t a = 0; a < 3; ++a) {
+    // Rows of g whose source row i + a - 1 exists.
+    const int64_t i0 = std::max<int64_t>(0, 1 - a);
+    const int64_t i1 = std::min<int64_t>(H, H + 1 - a);
+    const int64_t shift = (a - 1) * W;
+    gk[3 * a + 1] += flat_dot<T>(g, in, i0 * W, i1 * W, shift);
+    // b = 0 reads column j - 1: column 0 wraps to the row above's last.
+    double left = flat_dot<T>(g, in, i0 * W + 1, i1 * W, shift - 1);
+    for (int64_t i = i0 + 1; i < i1; ++i)
+      left -= double(g[i * W]) * in[i * W + shift - 1];
+    gk[3 * a] += left;
+    // b = 2 reads column j + 1: column W - 1 wraps to the next row's first.
+    double right = flat_dot<T>(g, in, i0 * W, i1 * W - 1, shift + 1);
+    for (int64_t i = i0; i < i1 - 1; ++i)
+      right -= double(g[i * W + W - 1]) * in[i * W + W + shift];
+    gk[3 * a + 2] += right;
+  }
+}
+
+// out = (prev ? prev : 0) + w x. out may be prev (in-place update).
+template <typename T>
+KCLA_CLONES void state_update(T* out, const T* prev, const T* __restrict x,
+                              T w, int64_t n) {
+  if (prev == nullptr) {
+    for (int64_t p = 0; p < n; ++p) out[p] = w * x[p];
+  } else {
+    for (int64_t p = 0; p < n; ++p) out[p] = prev[p] + w * x[p];
+  }
+}
+
+// out = x + mb ReLU(a (v - mean) + beta). out may be x (in-place add).
+// The norm is applied as PyTorch's BN applies it, centring first: the raw
+// state grows with every layer's e^(||K|| / tau), and a folded
+// a v + (beta - a mean) would cancel two large numbers in fp32.
+template <typename T>
+KCLA_CLONES void relu_residual(T* out, const T* x, const T* __restrict v,
+                               T mean, T a, T beta, T mb, int64_t n) {
+  for (int64_t p = 0; p < n; ++p) {
+    const T y = a * (v[p] - mean) + beta;
+    out[p] = x[p] + mb * (y > T(0) ? y : T(0));
+  }
+}
+
+// Backward through out = x + m b ReLU(y), y = a (v - mean) + beta, given
+// dL/dout: writes dL/dy and returns in sums (sum dL/dy, sum dL/dy vhat,
+// sum dL/d(b ReLU) ReLU), vhat = (v - mean) invstd.
+template <typename T>
+KCLA_CLONES void relu_backward(const T* __restrict v,
+                               const T* __restrict grad_out,
+                               T* __restrict grad_y, T mean, T a, T beta,
+                               T invstd, T m, T bs, int64_t n,
+                               double sums[3]) {
+  sums[0] = sums[1] = sums[2] = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+    T s0 = 0, s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2)
+    for (int64_t p = b0; p < b1; ++p) {
+      const T centred = v[p] - mean;
+      const T y = a * centred + beta;
+      const T gr = m * grad_out[p];
+      const T gy = y > T(0) ? gr * bs : T(0);
+      grad_y[p] = gy;
+      s0 += gy;
+      s1 += gy * centred * invstd;
+      s2 += y > T(0) ? gr * y : T(0);
+    }
+    sums[0] += s0;
+    sums[1] += s1;
+    sums[2] += s2;
+  }
+}
+
+// The norm's backward: dL/dv = a (dL/dy - mean_gy - vhat mean_gy_vhat)
+// (both means 0 for running statistics), vhat = (v - mean) invstd.
+template <typename T>
+KCLA_CLONES void norm_backward(const T* __restrict grad_y,
+                               const T* __restrict v, T* __restrict grad_v,
+                               T mean, T a, T invstd, T mean_gy,
+                               T mean_gy_vhat, int64_t n) {
+  for (int64_t p = 0; p < n; ++p)
+    grad_v[p] =
+        a * (grad_y[p] - mean_gy - (v[p] - mean) * invstd * mean_gy_vhat);
+}
+
+// dL/dU^{t-1} = dL/dU^t (from the next layer) + dL/dU^t (from the conv);
+// dL/dx = dL/dout + w dL/dU^{t-1}; returns dL/dw = sum dL/dU^{t-1} x.
+template <typename T>
+KCLA_CLONES double state_backward(const T* __restrict grad_u_next,
+                                  const T* __restrict grad_u_conv,
+                                  const T* __restrict grad_out,
+                                  const T* __restrict x,
+                                  T* __restrict grad_u_prev,
+                                  T* __restrict grad_x, T w, int64_t n) {
+  double total = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t p = b0; p < b1; ++p) {
+      const T gu = grad_u_next[p] + grad_u_conv[p];
+      grad_u_prev[p] = gu;
+      grad_x[p] = grad_out[p] + w * gu;
+      sum += gu * x[p];
+    }
+    total += sum;
+  }
+  return total;
+}
+
+// The norm of channel c: y = a (v - mean) + beta, a = gamma invstd.
+struct ChannelNorm {
+  double mean, a, beta, invstd;
+};
+
+ChannelNorm channel_norm(double mean, double var, double eps, double gamma,
+                         double beta) {
+  const double invstd = 1.0 / std::sqrt(var + eps);
+  return {mean, gamma * invstd, beta, invstd};
+}
+
+struct Geometry {
+  int64_t N, C, H, W, heads, head_dim;
+};
+
+Geometry geometry(const Tensor& x, const Tensor& w) {
+  TORCH_CHECK(x.dim() == 4, "kcla compiled branch: x must be (N, C, H, W)");
+  const int64_t heads = w.size(1);
+  TORCH_CHECK(x.size(1) % heads == 0,
+              "kcla compiled branch: heads must divide C");
+  return {x.size(0), x.size(1), x.size(2), x.size(3), heads,
+          x.size(1) / heads};
+}
+
+template <typename T>
+const T* optional_ptr(const c10::optional<Tensor>& t) {
+  return t.has_value() && t->defined() ? t->data_ptr<T>() : nullptr;
+}
+
+// Forward. Returns (out, U^t, mean, var); mean and var are the statistics
+// the norm applied (the batch's, biased, when batch_stats; else the given
+// running ones), in x's dtype.
+std::vector<Tensor> branch_forward(
+    const Tensor& x, const c10::optional<Tensor>& u_prev, const Tensor& w,
+    const Tensor& scale, const Tensor& kernel,
+    const c10::optional<Tensor>& gamma, const c10::optional<Tensor>& beta,
+    const c10::optional<Tensor>& running_mean,
+    const c10::optional<Tensor>& running_var, bool batch_stats, double eps,
+    const c10::optional<Tensor>& branch_scale,
+    const c10::optional<Tensor>& mask, bool inplace) {
+  const Geometry g = geometry(x, w);
+  const int64_t HW = g.H * g.W, planes = g.N * g.C;
+  Tensor out = inplace ? x : at::empty_like(x);
+  Tensor u_new = (inplace && u_prev.has_value()) ? *u_prev : at::empty_like(x);
+  Tensor mean = at::empty({g.C}, x.options());
+  Tensor var = at::empty({g.C}, x.options());
+
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_branch_forward", [&] {
+    using T = scalar_t;
+    const T* xp = x.data_ptr<T>();
+    const T* up = optional_ptr<T>(u_prev);
+    const T* wp = w.data_ptr<T>();
+    const T* sp = scale.data_ptr<T>();
+    const T* kp = kernel.data_ptr<T>();
+    const T* gp = optional_ptr<T>(gamma);
+    const T* bp = optional_ptr<T>(beta);
+    const T* bsp = optional_ptr<T>(branch_scale);
+    const T* mp = optional_ptr<T>(mask);
+    T* op = out.data_ptr<T>();
+    T* unp = u_new.data_ptr<T>();
+    T* meanp = mean.data_ptr<T>();
+    T* varp = var.data_ptr<T>();
+
+    if (batch_stats) {
+      // Pass 1: the new state and the plane statistics of v (Chan's
+      // parallel combination over the batch below).
+      std::vector<double> plane_mean(planes), plane_m2(planes);
+      at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+        std::vector<T> v(HW);
+        for (int64_t nc = begin; nc < end; ++nc) {
+          const int64_t n = nc / g.C, c = nc % g.C, h = c / g.head_dim;
+          const T s = sp[n * g.heads + h];
+          T* un = unp + nc * HW;
+          state_update<T>(un, up ? up + nc * HW : nullptr, xp + nc * HW,
+                          wp[n * g.heads + h], HW);
+          T k[9];
+          for (int t = 0; t < 9; ++t) k[t] = s * kp[c * 9 + t];
+          conv3x3<T>(un, v.data(), k, g.H, g.W);
+          const double m = flat_dot<T>(v.data(), nullptr, 0, HW) / HW;
+          plane_mean[nc] = m;
+          plane_m2[nc] = centered_square<T>(v.data(), T(m), HW);
+        }
+      });
+      for (int64_t c = 0; c < g.C; ++c) {
+        double m = 0;
+        for (int64_t n = 0; n < g.N; ++n) m += plane_mean[n * g.C + c];
+        m /= g.N;
+        double m2 = 0;
+        for (int64_t n = 0; n < g.N; ++n) {
+          const double d = plane_mean[n * g.C + c] - m;
+          m2 += plane_m2[n * g.C + c] + HW * d * d;
+        }
+        meanp[c] = T(m);
+        varp[c] = T(m2 / (g.N * HW));
+      }
+    } else {
+      const T* rmp = running_mean->data_ptr<T>();
+      const T* rvp = running_var->data_ptr<T>();
+      for (int64_t c = 0; c < g.C; ++c) {
+        meanp[c] = rmp[c];
+        varp[c] = rvp[c];
+      }
+    }
+
+    // Pass 2 (the only one with running statistics): the norm folded into
+    // the kernel, ReLU, drop path and the residual add.
+    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> v(HW);
+      for (int64_t nc = begin; nc < end; ++nc) {
+        const int64_t n = nc / g.C, c = nc % g.C, h = c / g.head_dim;
+        T* un = unp + nc * HW;
+        if (!batch_stats)
+          state_update<T>(un, up ? up + nc * HW : nullptr, xp + nc * HW,
+                          wp[n * g.heads + h], HW);
+        const T mb = (mp ? mp[n] : T(1)) * (bsp ? bsp[c] : T(1));
+        if (mb == T(0)) {
+          // A dropped sample (or a branch scale of 0): out = X^t.
+          if (!inplace) std::copy(xp + nc * HW, xp + (nc + 1) * HW,
+                                  op + nc * HW);
+          continue;
+        }
+        const ChannelNorm cn = channel_norm(meanp[c], varp[c], eps,
+                                            gp ? gp[c] : 1.0, bp ? bp[c] : 0.0);
+        T k[9];
+        for (int t = 0; t < 9; ++t) k[t] = sp[n * g.heads + h] * kp[c * 9 + t];
+        conv3x3<T>(un, v.data(), k, g.H, g.W);
+        relu_residual<T>(op + nc * HW, xp + nc * HW, v.data(), meanp[c],
+                         T(cn.a), T(cn.beta), mb, HW);
+      }
+    });
+  });
+  return {out, u_new, mean, var};
+}
+
+// Backward of branch_forward given U^{t-1} (recomputing U^t plane by plane)
+// and the statistics it returned. Returns the gradients of (x, U^{t-1}, w,
+// scale, kernel (C, 3, 3), gamma, beta, branch_scale); x's is only the part
+// through these ops (the pooled keys and queries add theirs in autograd).
+std::vector<Tensor> branch_backward(
+    const Tensor& grad_out, const Tensor& grad_u, const Tensor& x,
+    const c10::optional<Tensor>& u_prev, const Tensor& w, const Tensor& scale,
+    const Tensor& kernel, const c10::optional<Tensor>& gamma,
+    const c10::optional<Tensor>& beta, const Tensor& mean, const Tensor& var,
+    bool batch_stats, double eps, const c10::optional<Tensor>& branch_scale,
+    const c10::optional<Tensor>& mask) {
+  const Geometry g = geometry(x, w);
+  const int64_t HW = g.H * g.W, planes = g.N * g.C;
+  const double count = double(g.N) * HW;
+  Tensor grad_x = at::empty_like(x);
+  Tensor grad_u_prev = at::empty_like(x);
+  std::vector<double> gk(planes * 9, 0.0), gs(planes), gw(planes);
+  std::vector<double> gy_sum(planes), gy_vhat(planes), gbs(planes);
+  std::vector<double> ch_gy_sum(g.C), ch_gy_vhat(g.C);
+
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_branch_backward", [&] {
+    using T = scalar_t;
+    const T* gop = grad_out.data_ptr<T>();
+    const T* gup = grad_u.data_ptr<T>();
+    const T* xp = x.data_ptr<T>();
+    const T* up = optional_ptr<T>(u_prev);
+    const T* wp = w.data_ptr<T>();
+    const T* sp = scale.data_ptr<T>();
+    const T* kp = kernel.data_ptr<T>();
+    const T* gp = optional_ptr<T>(gamma);
+    const T* bp = optional_ptr<T>(beta);
+    const T* bsp = optional_ptr<T>(branch_scale);
+    const T* mp = optional_ptr<T>(mask);
+    const T* meanp = mean.data_ptr<T>();
+    const T* varp = var.data_ptr<T>();
+    T* gxp = grad_x.data_ptr<T>();
+    T* gupp = grad_u_prev.data_ptr<T>();
+
+    // Per plane: U^t, v = DWConv(U^t; s k) (the forward's v, bit for bit,
+    // so the ReLU mask is the forward's) and dL/dy into the scratch
+    // buffers, and the plane sums the norm's and branch scale's gradients
+    // need.
+    struct Scratch {
+      std::vector<T> u, v, gy;
+      explicit Scratch(int64_t hw) : u(hw), v(hw), gy(hw) {}
+    };
+    auto recompute = [&](int64_t nc, Scratch& b, T* k) {
+      const int64_t n = nc / g.C, c = nc % g.C, h = c / g.head_dim;
+      state_update<T>(b.u.data(), up ? up + nc * HW : nullptr, xp + nc * HW,
+                      wp[n * g.heads + h], HW);
+      for (int t = 0; t < 9; ++t) k[t] = sp[n * g.heads + h] * kp[c * 9 + t];
+      conv3x3<T>(b.u.data(), b.v.data(), k, g.H, g.W);
+      const ChannelNorm cn = channel_norm(meanp[c], varp[c], eps,
+                                          gp ? gp[c] : 1.0, bp ? bp[c] : 0.0);
+      double sums[3];
+      relu_backward<T>(b.v.data(), gop + nc * HW, b.gy.data(), meanp[c],
+                       T(cn.a), T(cn.beta), T(cn.invstd), mp ? mp[n] : T(1),
+                       bsp ? bsp[c] : T(1), HW, sums);
+      gy_sum[nc] = sums[0];
+      gy_vhat[nc] = sums[1];
+      gbs[nc] = sums[2];
+      return cn;
+    };
+    auto channel_sums = [&] {
+      for (int64_t c = 0; c < g.C; ++c) {
+        double s1 = 0, s2 = 0;
+        for (int64_t n = 0; n < g.N; ++n) {
+          s1 += gy_sum[n * g.C + c];
+          s2 += gy_vhat[n * g.C + c];
+        }
+        ch_gy_sum[c] = s1;
+        ch_gy_vhat[c] = s2;
+      }
+    };
+
+    if (batch_stats) {
+      // Pass 1: a training norm's gradient needs the batch's sums of dL/dy
+      // and dL/dy * vhat before any plane's dL/dv.
+      at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+        Scratch b(HW);
+        T k[9];
+        for (int64_t nc = begin; nc < end; ++nc) recompute(nc, b, k);
+      });
+      channel_sums();
+    }
+
+    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+      Scratch b(HW);
+      std::vector<T> gv(HW), gu(HW);
+      for (int64_t nc = begin; nc < end; ++nc) {
+        const int64_t n = nc / g.C, c = nc % g.C, h = c / g.head_dim;
+        T k[9];
+        const ChannelNorm cn = recompute(nc, b, k);
+        const T s = sp[n * g.heads + h];
+        const T mean_gy = batch_stats ? T(ch_gy_sum[c] / count) : T(0);
+        const T mean_gy_vhat = batch_stats ? T(ch_gy_vhat[c] / count) : T(0);
+        norm_backward<T>(b.gy.data(), b.v.data(), gv.data(), meanp[c],
+                         T(cn.a), T(cn.invstd), mean_gy, mean_gy_vhat, HW);
+        // The gradient of the applied kernel K = s k gives both
+        // dL/dk = s dL/dK and dL/ds = sum_t k_t dL/dK_t.
+        double gK[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+        conv3x3_kernel_grad<T>(gv.data(), b.u.data(), gK, g.H, g.W);
+        double gs_plane = 0;
+        for (int t = 0; t < 9; ++t) {
+          gk[nc * 9 + t] = double(s) * gK[t];
+          gs_plane += double(kp[c * 9 + t]) * gK[t];
+        }
+        T flipped[9];
+        for (int t = 0; t < 9; ++t) flipped[t] = k[8 - t];
+        conv3x3<T>(gv.data(), gu.data(), flipped, g.H, g.W);
+        gs[nc] = gs_plane;
+        gw[nc] = state_backward<T>(gup + nc * HW, gu.data(), gop + nc * HW,
+                                   xp + nc * HW, gupp + nc * HW,
+                                   gxp + nc * HW, wp[n * g.heads + h], HW);
+      }
+    });
+    if (!batch_stats) channel_sums();
+  });
+
+  // The per-plane sums reduced to the parameters' shapes (in double, then
+  // the parameters' dtype).
+  auto options = x.options().dtype(at::kDouble);
+  Tensor grad_w = at::zeros({g.N, g.heads}, options);
+  Tensor grad_scale = at::zeros({g.N, g.heads}, options);
+  Tensor grad_kernel = at::zeros({g.C, 3, 3}, options);
+  Tensor grad_gamma = at::empty({g.C}, options);
+  Tensor grad_beta = at::empty({g.C}, options);
+  Tensor grad_bs = at::zeros({g.C}, options);
+  double* gwp = grad_w.data_ptr<double>();
+  double* gsp = grad_scale.data_ptr<double>();
+  double* gkp = grad_kernel.data_ptr<double>();
+  double* ggp = grad_gamma.data_ptr<double>();
+  double* gbp = grad_beta.data_ptr<double>();
+  double* gbsp = grad_bs.data_ptr<double>();
+  for (int64_t nc = 0; nc < planes; ++nc) {
+    const int64_t n = nc / g.C, c = nc % g.C, h = c / g.head_dim;
+    gwp[n * g.heads + h] += gw[nc];
+    gsp[n * g.heads + h] += gs[nc];
+    for (int t = 0; t < 9; ++t) gkp[c * 9 + t] += gk[nc * 9 + t];
+    gbsp[c] += gbs[nc];
+  }
+  for (int64_t c = 0; c < g.C; ++c) {
+    // The norm's own gradients: dL/dbeta = sum dL/dy, dL/dgamma =
+    // sum dL/dy vhat.
+    gbp[c] = ch_gy_sum[c];
+    ggp[c] = ch_gy_vhat[c];
+  }
+  auto to_x = [&](const Tensor& t) { return t.to(x.scalar_type()); };
+  return {grad_x,          grad_u_prev,      to_x(grad_w),
+          to_x(grad_scale), to_x(grad_kernel), to_x(grad_gamma),
+          to_x(grad_beta), to_x(grad_bs)};
+}
+
+// The pooled-vector work of one layer in inference, where eager PyTorch
+// spends more time dispatching a dozen ops on (N, C) vectors than
+// computing them: Q and K (ECA conv1d over the pooled channels), the layer
+// weight w = exp(min(||K_h|| / tau_h, clamp)), the gate
+// sigmoid(Phi(<Q_h, K_h> / ||K_h||)), Z^t = Z^{t-1} + w and
+// scale = gate / (Z^t + state_eps). Returns (w, Z^t, scale), (N, heads),
+// in x's dtype. No autograd: training keeps the PyTorch ops.
+std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
+                                   const Tensor& key_weight, const Tensor& tau,
+                                   double clamp, const Tensor& head_mix,
+                                   const c10::optional<Tensor>& z_prev,
+                                   double state_eps) {
+  TORCH_CHECK(x.dim() == 4, "kcla pooled_forward: x must be (N, C, H, W)");
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  const int64_t heads = tau.size(0), head_dim = C / heads;
+  const int64_t ks = query_weight.numel(), pad = (ks - 1) / 2;
+  Tensor w = at::empty({N, heads}, x.options());
+  Tensor z = at::empty({N, heads}, x.options());
+  Tensor scale = at::empty({N, heads}, x.options());
+  std::vector<double> pooled(N * C);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_pooled_forward", [&] {
+    using T = scalar_t;
+    const T* xp = x.data_ptr<T>();
+    at::parallel_for(0, N * C, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t nc = begin; nc < end; ++nc)
+        pooled[nc] = flat_dot<T>(xp + nc * HW, nullptr, 0, HW) / HW;
+    });
+    const T* qw = query_weight.data_ptr<T>();
+    const T* kw = key_weight.data_ptr<T>();
+    const T* taup = tau.data_ptr<T>();
+    const T* mix = head_mix.data_ptr<T>();
+    const T* zp = optional_ptr<T>(z_prev);
+    T* wp = w.data_ptr<T>();
+    T* zo = z.data_ptr<T>();
+    T* so = scale.data_ptr<T>();
+    std::vector<double> q_cos(heads);
+    for (int64_t n = 0; n < N; ++n) {
+      const double* pn = pooled.data() + n * C;
+      for (int64_t h = 0; h < heads; ++h) {
+        double qk = 0, kk = 0;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const int64_t c = h * head_dim + d;
+          double q = 0, k = 0;
+          for (int64_t t = 0; t < ks; ++t) {
+            const int64_t src = c + t - pad;
+            if (src < 0 || src >= C) continue;
+            q += double(qw[t]) * pn[src];
+            k += double(kw[t]) * pn[src];
+          }
+          qk += q * k;
+          kk += k * k;
+        }
+        const double k_norm = std::sqrt(kk);
+        // The clamp only guards K = 0, as in the PyTorch layer.
+        q_cos[h] = qk / std::max(k_norm, 1e-12);
+        const double wt = std::exp(std::min(k_norm / taup[h], clamp));
+        wp[n * heads + h] = T(wt);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        double phi = 0;
+        for (int64_t j = 0; j < heads; ++j)
+          phi += double(mix[h * heads + j]) * q_cos[j];
+        const double gate = 1.0 / (1.0 + std::exp(-phi));
+        const T zt = (zp ? zp[n * heads + h] : T(0)) + wp[n * heads + h];
+        zo[n * heads + h] = zt;
+        so[n * heads + h] = T(gate / (double(zt) + state_eps));
+      }
+    }
+  });
+  return {w, z, scale};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "CPU kernels of kcla_mm's compiled KCLA layer";
+  m.def("branch_forward", &branch_forward,
+        "KCLA state update, depthwise conv, norm, ReLU, drop path and "
+        "residual add, one plane at a time");
+  m.def("pooled_forward", &pooled_forward,
+        "Queries, keys, layer weight, gate and state normaliser of one "
+        "layer, without autograd");
+  m.def("branch_backward", &branch_backward,
+        "Backward of branch_forward, recomputing the state and the conv");
+}

@@ -1,0 +1,228 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""KCLALayer's 'compiled' implementation: the block-sized work of a layer
+(state update, depthwise conv, norm, ReLU, drop path, residual add) in the
+C++ kernels of ``kcla_mm/csrc/kcla_branch.cpp``, one (sample, channel)
+plane at a time, forward and backward.
+
+Eager PyTorch runs these as six to eight passes over block-sized tensors
+and keeps four of them for backward; the kernels make two passes (one in
+inference) and keep none: the backward pass recomputes the state with the
+:class:`~.kcla_recompute.StateTape` of ``'recompute'`` and the conv plane by
+plane, in cache. In inference the pooled-vector work (queries, keys, weights,
+gate) is one more kernel call; in training it stays in PyTorch, with
+autograd, as does Algorithm 1.
+
+The extension is built by ``pip install -e .`` (setup.py) where a C++
+compiler is found; ``kcla_implementation='auto'`` (the default) uses it for
+what it covers (CPU, fp32/fp64, NCHW, BatchNorm, no autocast) and
+:mod:`.kcla_fused` for everything else. The pure-PyTorch layer is the
+oracle it is tested against (tests/test_kcla_compiled.py).
+"""
+import glob
+import importlib
+import os.path as osp
+import warnings
+from functools import lru_cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...torch_compat import is_autocast_enabled
+from .attention_branch import drop_path_mask
+from .kcla_fused import fused_renormalise
+from .kcla_recompute import StateTape, recomputed_forward
+from .kcla_state import STATE_EPS, KCLAState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kcla_layer import KCLALayer
+
+
+def extension_name() -> str:
+    """The kernels' module for the running torch: setup names the build
+    after the torch it compiled against (``kcla_mm._kcla_cpu_t2_13``), so
+    that a build for another torch is never loaded."""
+    major, minor = torch.__version__.split('.')[:2]
+    return f'kcla_mm._kcla_cpu_t{major}_{minor}'
+
+
+@lru_cache(maxsize=None)
+def extension() -> Optional[ModuleType]:
+    """The compiled kernels, or None where setup did not build them for
+    this torch (no compiler, torch upgraded since, or a source tree used
+    without installing); then a warning says so if a build for another
+    torch is there."""
+    try:
+        return importlib.import_module(extension_name())
+    except ImportError:
+        others = glob.glob(
+            osp.join(
+                osp.dirname(osp.dirname(osp.dirname(__file__))),
+                '_kcla_cpu_t*'))
+        if others:
+            warnings.warn(
+                f'kcla_mm: the compiled KCLA kernels were built for another '
+                f'torch ({", ".join(sorted(map(osp.basename, others)))}), '
+                f'not for torch {torch.__version__}: reinstall kcla_mm '
+                '(`pip install --no-build-isolation -e .`) to build them; '
+                'the pure-PyTorch layer runs meanwhile',
+                stacklevel=2)
+        return None
+
+
+def require_extension() -> ModuleType:
+    """The compiled kernels, or an error that says how to build them."""
+    ext = extension()
+    if ext is None:
+        raise RuntimeError(
+            f"implementation='compiled' needs the C++ extension "
+            f'{extension_name()}, which is not built: reinstall kcla_mm from '
+            'source with a C++ compiler (`pip install --no-build-isolation '
+            "-e .`), or use implementation='auto' or 'fused'")
+    return ext
+
+
+def compiled_applies(layer: 'KCLALayer', x: Tensor,
+                     state: Optional[KCLAState]) -> bool:
+    """Whether the kernels cover this call: CPU, fp32 or fp64 throughout,
+    NCHW, a BatchNorm (not SyncBN, GN, ...) and no autocast. A training BN
+    over one value per channel is left to PyTorch's, which refuses it."""
+    norm = layer.norm
+    return (extension() is not None and x.device.type == 'cpu'
+            and x.dtype in (torch.float32, torch.float64)
+            and x.is_contiguous() and not is_autocast_enabled('cpu')
+            and layer.value_conv.weight.dtype == x.dtype
+            and isinstance(norm, _BatchNorm)
+            and not isinstance(norm, nn.SyncBatchNorm)
+            and (state is None or
+                 (state.u.dtype == x.dtype and state.u.is_contiguous()))
+            and not (uses_batch_stats(norm) and x.numel() == x.shape[1]))
+
+
+def uses_batch_stats(norm: _BatchNorm) -> bool:
+    """Whether the BN normalises with the batch's statistics."""
+    return norm.training or norm.running_mean is None
+
+
+def update_running_stats(norm: _BatchNorm, mean: Tensor, var: Tensor,
+                         count: int) -> None:
+    """What a training ``_BatchNorm.forward`` does to its buffers, from the
+    batch's mean and biased variance over ``count`` values a channel."""
+    if not (norm.training and norm.track_running_stats):
+        return
+    with torch.no_grad():
+        norm.num_batches_tracked.add_(1)
+        factor = (1.0 / float(norm.num_batches_tracked)
+                  if norm.momentum is None else norm.momentum)
+        norm.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
+        norm.running_var.mul_(1 - factor).add_(
+            var, alpha=factor * count / max(count - 1, 1))
+
+
+def norm_args(norm: _BatchNorm, batch_stats: bool):
+    """(weight, bias, running_mean, running_var) as the kernels take
+    them."""
+    return (norm.weight, norm.bias, None if batch_stats else norm.running_mean,
+            None if batch_stats else norm.running_var)
+
+
+class CompiledUpdate(torch.autograd.Function):
+    """(x, U^{t-1}, w, scale, mask, kernel, gamma, beta, branch_scale) ->
+    (x + branch, U^t) in the kernels. Keeps for backward x (the block's ReLU
+    keeps it too), per-channel statistics, vectors and, only where no tape
+    can recompute it, U^{t-1}; its saved tensors start with (x, U^{t-1},
+    w), as the :class:`StateTape` reads them."""
+
+    @staticmethod
+    def forward(ctx, layer: 'KCLALayer', tape: StateTape, step: int,
+                keep_prev: bool, x: Tensor, u_prev: Optional[Tensor],
+                w: Tensor, scale: Tensor, mask: Optional[Tensor],
+                kernel: Tensor, gamma: Optional[Tensor],
+                beta: Optional[Tensor],
+                branch_scale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        norm = layer.norm
+        batch_stats = uses_batch_stats(norm)
+        out, u, mean, var = extension().branch_forward(
+            x, u_prev, w, scale, kernel, gamma, beta,
+            *norm_args(norm, batch_stats)[2:], batch_stats, norm.eps,
+            branch_scale, None if mask is None else mask.view(-1), False)
+        if batch_stats:
+            update_running_stats(norm, mean, var, x.numel() // x.shape[1])
+        ctx.layer, ctx.tape, ctx.step = layer, tape, step
+        ctx.keep_prev, ctx.batch_stats = keep_prev, batch_stats
+        tape.record(step, ctx)
+        ctx.save_for_backward(x, u_prev if keep_prev else None, w, scale, mask,
+                              kernel, gamma, beta, branch_scale, mean, var)
+        return out, u
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor, grad_u: Tensor):
+        (x, u_prev, w, scale, mask, kernel, gamma, beta, branch_scale, mean,
+         var) = ctx.saved_tensors
+        if ctx.keep_prev:
+            ctx.tape.cache.pop(0, None)
+        else:
+            u_prev = ctx.tape.state(ctx.step - 1)
+        grads = extension().branch_backward(
+            grad_out.contiguous(), grad_u.contiguous(), x, u_prev, w, scale,
+            kernel, gamma, beta, mean, var, ctx.batch_stats,
+            ctx.layer.norm.eps, branch_scale,
+            None if mask is None else mask.view(-1))
+        grad_x, grad_u_prev, grad_w, grad_scale, grad_kernel = grads[:5]
+        grad_gamma, grad_beta, grad_branch_scale = grads[5:]
+        needs = ctx.needs_input_grad
+        return (None, None, None, None, grad_x if needs[4] else None,
+                grad_u_prev if needs[5] else None,
+                grad_w if needs[6] else None, grad_scale if needs[7] else None,
+                None, grad_kernel.view_as(kernel) if needs[9] else None,
+                grad_gamma if needs[10] else None,
+                grad_beta if needs[11] else None,
+                grad_branch_scale if needs[12] else None)
+
+
+def compiled_update(layer: 'KCLALayer', tape: StateTape, step: int,
+                    keep_prev: bool, x: Tensor, u_prev: Optional[Tensor],
+                    w: Tensor, scale: Tensor,
+                    mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """The update node of :func:`.recomputed_forward`, in the kernels."""
+    return CompiledUpdate.apply(layer, tape, step, keep_prev, x, u_prev, w,
+                                scale, mask, layer.value_conv.weight,
+                                layer.norm.weight, layer.norm.bias,
+                                layer.branch_scale)
+
+
+def compiled_forward(layer: 'KCLALayer',
+                     x: Tensor,
+                     state: Optional[KCLAState],
+                     inplace: bool = False) -> Tuple[Tensor, KCLAState]:
+    """:meth:`KCLALayer.forward_reference` in the kernels (see
+    :func:`compiled_applies`); a train step goes through
+    :func:`.recomputed_forward`'s tape, other calls straight to the
+    kernels (``inplace`` as in :func:`.fused_forward`)."""
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(
+        p.requires_grad for p in layer.parameters()))
+    if needs_grad:
+        return recomputed_forward(layer, x, state, update=compiled_update)
+    if state is not None and layer.renorm:
+        state = fused_renormalise(layer, state)
+    ext = extension()
+    w, z, scale = ext.pooled_forward(x, layer.query_conv.weight,
+                                     layer.key_conv.weight, layer.tau,
+                                     layer.clamp, layer.head_mix.weight,
+                                     None if state is None else state.z,
+                                     STATE_EPS)
+    norm = layer.norm
+    batch_stats = uses_batch_stats(norm)
+    mask = drop_path_mask(x, layer.drop_path, layer.training)
+    in_place = inplace and not torch.is_grad_enabled()
+    out, u, mean, var = ext.branch_forward(
+        x,
+        None if state is None else state.u, w, scale, layer.value_conv.weight,
+        *norm_args(norm, batch_stats), batch_stats, norm.eps,
+        layer.branch_scale, None if mask is None else mask.view(-1), in_place)
+    if batch_stats:
+        update_running_stats(norm, mean, var, x.numel() // x.shape[1])
+    return out, KCLAState(u, z)

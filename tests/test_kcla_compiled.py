@@ -1,0 +1,325 @@
+"""The C++ kernels of kcla_implementation='compiled' (kcla_mm/csrc,
+kcla_mm/models/layers/kcla_compiled.py) against the same arithmetic in
+PyTorch ops: plane borders of every size, batch or running statistics, drop
+path, branch scale, in place; which calls 'auto' sends to them; and the
+fallback where they are not built. Whole layers and backbones against the
+reference are in test_kcla_fused.py and test_kcla_recompute.py."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kcla_mm.models.layers.kcla_compiled as kcla_compiled
+import kcla_mm.models.layers.kcla_layer as kcla_layer
+from kcla_mm.models import KCLAResNet
+from kcla_mm.models.layers import KCLALayer
+from kcla_mm.models.layers.kcla_fused import fused_query_key, gate_and_weight
+from kcla_mm.models.layers.kcla_state import STATE_EPS
+from helpers import assert_close_to_max, incoming_state
+from official_reference import randomise_
+
+if os.environ.get('KCLA_MM_NO_EXTENSION', '0') not in ('', '0'):
+    pytest.skip(
+        'KCLA_MM_NO_EXTENSION is set: kcla_mm was installed without its '
+        'C++ kernels',
+        allow_module_level=True)
+
+
+@pytest.fixture(scope='module')
+def ext():
+    """The kernels, which setup builds (gcc is on every CI machine)."""
+    module = kcla_compiled.extension()
+    assert module is not None, (
+        f'{kcla_compiled.extension_name()} is not built: run `make setup` '
+        '(pip install --no-build-isolation -e .) with a C++ compiler')
+    return module
+
+
+def branch_in_torch(x, u_prev, w, scale, kernel, gamma, beta, mean, var, eps,
+                    branch_scale, mask):
+    """What branch_forward computes, in PyTorch ops, per (sample, head)
+    ``w`` and ``scale``; mean/var None: the batch's statistics."""
+    n, c = x.shape[:2]
+    per_channel = c // w.shape[1]
+
+    def expand(t):
+        return t.repeat_interleave(per_channel, dim=1)[..., None, None]
+
+    u = x * expand(w) if u_prev is None else u_prev + x * expand(w)
+    v = F.conv2d(u * expand(scale), kernel, padding=1, groups=c)
+    y = F.batch_norm(v, mean, var, gamma, beta, mean is None, 0., eps)
+    r = F.relu(y)
+    if branch_scale is not None:
+        r = r * branch_scale.view(1, -1, 1, 1)
+    if mask is not None:
+        r = r * mask.view(-1, 1, 1, 1)
+    return x + r, u
+
+
+def random_args(n, c, h, w, heads, dtype, first, batch_stats, masked, scaled):
+    g = torch.Generator().manual_seed(n * 1000 + h * 10 + w)
+
+    def rand(*shape, low=-1., high=1.):
+        return (torch.rand(*shape, generator=g, dtype=dtype) * (high - low) +
+                low)
+
+    x = rand(n, c, h, w, low=0.)
+    # A raw state: the sum of a few layers' w X, far from unit scale.
+    u_prev = None if first else rand(n, c, h, w, low=0., high=50.)
+    weights = rand(n, heads, low=1., high=20.)
+    scale = rand(n, heads, low=0.01, high=0.1)
+    kernel = rand(c, 1, 3, 3)
+    gamma, beta = rand(c, low=0.5, high=1.5), rand(c, low=-0.5, high=0.5)
+    mean = None if batch_stats else rand(c)
+    var = None if batch_stats else rand(c, low=0.5, high=2.)
+    branch_scale = rand(c) if scaled else None
+    mask = None
+    if masked:
+        mask = torch.tensor([0., 2.] * n, dtype=dtype)[:n]
+    return (x, u_prev, weights, scale, kernel, gamma, beta, mean, var, 1e-5,
+            branch_scale, mask)
+
+
+SIZES = [(1, 1), (1, 5), (5, 1), (2, 2), (2, 3), (3, 3), (4, 7), (9, 7)]
+
+
+@pytest.mark.parametrize('n,size',
+                         [(3, s) for s in SIZES] + [(1, s) for s in SIZES[1:]])
+@pytest.mark.parametrize('batch_stats', [True, False])
+@pytest.mark.parametrize('variant', ['first', 'carry', 'masked', 'scaled'])
+def test_branch_kernels_are_the_torch_ops(ext, size, n, batch_stats, variant):
+    """float64 forward (values, state, statistics) and backward (every
+    input's gradient) of one layer's block-sized work on planes of every
+    border case (1, 2, 3 rows or columns: the flat conv loop and its
+    corrections)."""
+    args = random_args(
+        n,
+        8,
+        *size,
+        heads=2,
+        dtype=torch.float64,
+        first=variant == 'first',
+        batch_stats=batch_stats,
+        masked=variant == 'masked',
+        scaled=variant == 'scaled')
+    (x, u_prev, w, scale, kernel, gamma, beta, mean, var, eps, branch_scale,
+     mask) = args
+    out, u, got_mean, got_var = ext.branch_forward(x, u_prev, w, scale, kernel,
+                                                   gamma, beta, mean, var,
+                                                   batch_stats, eps,
+                                                   branch_scale, mask, False)
+
+    leaves = [
+        t for t in (x, u_prev, w, scale, kernel, gamma, beta, branch_scale)
+    ]
+    leaves = [
+        None if t is None else t.clone().requires_grad_() for t in leaves
+    ]
+    want_out, want_u = branch_in_torch(leaves[0], leaves[1], leaves[2],
+                                       leaves[3], leaves[4], leaves[5],
+                                       leaves[6], mean, var, eps, leaves[7],
+                                       mask)
+    assert_close_to_max(out, want_out, 1e-12)
+    assert_close_to_max(u, want_u, 1e-12)
+    if batch_stats:
+        with torch.no_grad():
+            v = F.conv2d(
+                want_u * scale.repeat_interleave(4, 1)[..., None, None],
+                kernel,
+                padding=1,
+                groups=8)
+        assert_close_to_max(got_mean, v.mean((0, 2, 3)), 1e-12)
+        assert_close_to_max(got_var, v.var((0, 2, 3), unbiased=False), 1e-12)
+    else:
+        assert torch.equal(got_mean, mean) and torch.equal(got_var, var)
+
+    grad_out, grad_u = torch.randn_like(out), torch.randn_like(u)
+    grads = ext.branch_backward(grad_out, grad_u, x, u_prev, w, scale, kernel,
+                                gamma, beta, got_mean, got_var, batch_stats,
+                                eps, branch_scale, mask)
+    wanted = [t for t in leaves if t is not None]
+    want = torch.autograd.grad((want_out, want_u), wanted, (grad_out, grad_u))
+    want = iter(want)
+    for got, leaf in zip(grads, leaves):
+        if leaf is None:
+            continue
+        assert_close_to_max(got.view_as(leaf), next(want), 1e-8)
+
+
+def test_large_planes_keep_fp32_precision(ext):
+    """A detection-sized plane (100x150): the plane sums run in fp32
+    vectors over blocks, accumulated in double; fp32 kernels against
+    float64 ops."""
+    args = random_args(
+        2,
+        4,
+        100,
+        150,
+        heads=1,
+        dtype=torch.float64,
+        first=False,
+        batch_stats=True,
+        masked=False,
+        scaled=False)
+    want_out, want_u = branch_in_torch(*args)
+    f32 = [
+        None if t is None or isinstance(t, float) else t.float() for t in args
+    ]
+    f32[9] = args[9]
+    out, u, _, _ = ext.branch_forward(*f32[:9], True, *f32[9:], False)
+    assert_close_to_max(out.double(), want_out, 1e-5)
+    assert_close_to_max(u.double(), want_u, 1e-6)
+
+
+def test_in_place_inference_writes_into_its_inputs(ext):
+    args = random_args(
+        2,
+        8,
+        9,
+        7,
+        heads=2,
+        dtype=torch.float32,
+        first=False,
+        batch_stats=False,
+        masked=False,
+        scaled=False)
+    x, u_prev = args[0].clone(), args[1].clone()
+    want_out, want_u = branch_in_torch(*args)
+    out, u, _, _ = ext.branch_forward(x, u_prev, *args[2:9], False, *args[9:],
+                                      True)
+    assert out.data_ptr() == x.data_ptr() and u.data_ptr() == u_prev.data_ptr()
+    assert_close_to_max(out, want_out, 1e-5)
+    assert_close_to_max(u, want_u, 1e-6)
+
+
+@pytest.mark.parametrize('carry', [False, True])
+def test_pooled_kernel_is_the_torch_ops(ext, float64, carry):
+    """Queries, keys, w, gate, Z and gate / (Z + eps) of one layer in
+    inference."""
+    layer = randomise_(KCLALayer(256, head_dim=32))
+    x = torch.rand(3, 256, 9, 7)
+    z_prev = torch.rand(3, 8) * 100 if carry else None
+    w, z, scale = ext.pooled_forward(x, layer.query_conv.weight,
+                                     layer.key_conv.weight, layer.tau,
+                                     layer.clamp, layer.head_mix.weight,
+                                     z_prev, STATE_EPS)
+    gate, want_w = gate_and_weight(layer, *fused_query_key(layer, x))
+    want_z = want_w if z_prev is None else z_prev + want_w
+    assert_close_to_max(w, want_w, 1e-12)
+    assert_close_to_max(z, want_z, 1e-12)
+    assert_close_to_max(scale, gate / (want_z + STATE_EPS), 1e-12)
+
+
+class CountingExtension:
+    """The kernels, counting the calls that reach them."""
+
+    def __init__(self, ext):
+        self.ext, self.calls = ext, 0
+
+    def __getattr__(self, name):
+        fn = getattr(self.ext, name)
+
+        def counted(*args):
+            self.calls += 1
+            return fn(*args)
+
+        return counted
+
+
+def calls_into_kernels(monkeypatch, ext, run) -> int:
+    counting = CountingExtension(ext)
+    monkeypatch.setattr(kcla_compiled, 'extension', lambda: counting)
+    run()
+    return counting.calls
+
+
+@pytest.mark.parametrize('case', [
+    'nchw-train', 'nchw-eval', 'channels_last', 'group_norm', 'autocast',
+    'fused'
+])
+def test_auto_runs_the_kernels_where_they_apply(ext, monkeypatch, case):
+    """'auto' (the default) runs the kernels for NCHW fp32 with BN, in train
+    steps and inference, and the fused path for what they do not cover;
+    the values are the reference's either way."""
+    norm_cfg = dict(type='GN', num_groups=4) if case == 'group_norm' else \
+        dict(type='BN')
+    layer = randomise_(
+        KCLALayer(
+            256,
+            implementation='fused' if case == 'fused' else 'auto',
+            drop_path=0.,
+            norm_cfg=norm_cfg))
+    layer.train(case != 'nchw-eval')
+    x = torch.rand(2, 256, 9, 7)
+    state = incoming_state('carry', 2)
+    if case == 'channels_last':
+        x = x.contiguous(memory_format=torch.channels_last)
+    results = {}
+
+    def run():
+        with torch.autocast('cpu', enabled=case == 'autocast'):
+            results['ours'] = layer(x.requires_grad_(), state)
+
+    calls = calls_into_kernels(monkeypatch, ext, run)
+    assert (calls > 0) is case.startswith('nchw'), calls
+    if case != 'autocast':
+        y, new_state = results['ours']
+        y_ref, state_ref = layer.forward_reference(x, state)
+        assert_close_to_max(y, y_ref, 1e-5)
+        assert_close_to_max(new_state.u, state_ref.u, 1e-5)
+
+
+def test_without_the_extension(monkeypatch):
+    """Where setup could not build the kernels: 'auto' computes the same
+    with the fused path, and asking for 'compiled' names what is missing
+    and how to build it."""
+    layer = randomise_(KCLALayer(256, drop_path=0.)).eval()
+    x = torch.rand(2, 256, 9, 7)
+    with torch.no_grad():
+        want, _ = layer(x, None)
+    monkeypatch.setattr(kcla_compiled, 'extension', lambda: None)
+    monkeypatch.setattr(kcla_layer, 'extension', lambda: None)
+    assert not layer.recomputes_backward
+    with torch.no_grad():
+        got, _ = layer(x, None)
+    assert_close_to_max(got, want, 1e-5)
+    with pytest.raises(RuntimeError, match='kcla_mm._kcla_cpu_t.*not built'):
+        KCLALayer(256, implementation='compiled')
+    with pytest.raises(RuntimeError, match='pip install'):
+        KCLAResNet(depth=18, head_dim=16, kcla_implementation='compiled')
+
+
+def test_one_value_per_channel_is_refused_as_by_batch_norm():
+    """A training BN cannot normalise one value per channel; the layer
+    says so as PyTorch's BN does instead of dividing by sqrt(eps)."""
+    layer = KCLALayer(64, head_dim=32).train()
+    with pytest.raises(ValueError, match='more than 1 value per channel'):
+        layer(torch.rand(1, 64, 1, 1, requires_grad=True), None)
+    with torch.no_grad(), pytest.raises(ValueError, match='more than 1'):
+        layer(torch.rand(1, 64, 1, 1), None)
+
+
+@pytest.mark.parametrize('momentum', [0.1, None])
+def test_running_statistics_are_updated_once(float64, momentum):
+    """A training BN in the kernels updates its running statistics as
+    PyTorch's BN does (exponential or, with momentum None, cumulative
+    average), in train steps and in no-grad forwards."""
+    norm_cfg = dict(type='BN', momentum=momentum)
+    ref = randomise_(KCLALayer(256, drop_path=0., norm_cfg=norm_cfg))
+    ref.implementation = 'reference'
+    ours = KCLALayer(256, drop_path=0., norm_cfg=norm_cfg)
+    ours.load_state_dict(ref.state_dict())
+    ours.implementation = 'compiled'
+    ref.train(), ours.train()
+    x = torch.rand(3, 256, 9, 7)
+    state = incoming_state('carry', 3)
+    for grad in (True, False, True):
+        with torch.set_grad_enabled(grad):
+            ours(x.clone().requires_grad_(grad), state)
+            ref(x.clone().requires_grad_(grad), state)
+    for name in ('running_mean', 'running_var', 'num_batches_tracked'):
+        assert_close_to_max(
+            getattr(ours.norm, name).double(),
+            getattr(ref.norm, name).double(), 1e-12)
+    assert int(ours.norm.num_batches_tracked) == 3

@@ -97,21 +97,15 @@ KCLA_CLONES void conv3x3(const T* __restrict in, T* __restrict out,
   conv3x3_rows(in, out, k, H, W, H - 1, H);
 }
 
-// sum_p p[p] q[p + shift] over p in [begin, end) (q null: sum_p p[p]).
+// sum_p p[p] over n values.
 template <typename T>
-KCLA_CLONES double flat_dot(const T* __restrict p, const T* __restrict q,
-                            int64_t begin, int64_t end, int64_t shift = 0) {
+KCLA_CLONES double flat_sum(const T* __restrict p, int64_t n) {
   double total = 0;
-  for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
-    const int64_t b1 = std::min(end, b0 + kBlock);
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
     T sum = 0;
-    if (q == nullptr) {
 #pragma omp simd reduction(+ : sum)
-      for (int64_t i = b0; i < b1; ++i) sum += p[i];
-    } else {
-#pragma omp simd reduction(+ : sum)
-      for (int64_t i = b0; i < b1; ++i) sum += p[i] * q[i + shift];
-    }
+    for (int64_t i = b0; i < b1; ++i) sum += p[i];
     total += sum;
   }
   return total;
@@ -135,42 +129,82 @@ KCLA_CLONES double centered_square(const T* __restrict p, T mean,
   return total;
 }
 
-// gk[3a + b] += sum_{i, j} g[i, j] in[i + a - 1, j + b - 1] (valid taps
-// only): the kernel gradient of conv3x3. Each tap is one flat dot product
-// over the rows where it is valid, less the column it wraps into.
+// gk[t] += g[i, j] in[i + a - 1, j + b - 1] (t = 3a + b) for the taps of
+// position (i, j) that lie inside the plane.
 template <typename T>
-void conv3x3_kernel_grad(const T* g, const T* in, double* gk, int64_t H,
-                         int64_t W) {
+void add_exact_taps(const T* g, const T* in, double* gk, int64_t H, int64_t W,
+                    int64_t i, int64_t j, double sign = 1.0) {
+  for (int64_t a = 0; a < 3; ++a) {
+    const int64_t r = i + a - 1;
+    if (r < 0 || r >= H) continue;
+    for (int64_t b = 0; b < 3; ++b) {
+      const int64_t col = j + b - 1;
+      if (col >= 0 && col < W)
+        gk[3 * a + b] += sign * double(g[i * W + j]) * in[r * W + col];
+    }
+  }
+}
+
+// The nine flat-loop taps of position p (neighbours wrapped across rows),
+// taken off again where the flat loop got them wrong.
+template <typename T>
+void sub_wrapped_taps(const T* g, const T* in, double* gk, int64_t W,
+                      int64_t p) {
+  for (int64_t a = 0; a < 3; ++a)
+    for (int64_t b = 0; b < 3; ++b)
+      gk[3 * a + b] -= double(g[p]) * in[p + (a - 1) * W + (b - 1)];
+}
+
+// gk[3a + b] += sum_{i, j} g[i, j] in[i + a - 1, j + b - 1] (valid taps
+// only): the kernel gradient of conv3x3, in one flat pass over rows
+// 1 .. H-2 with nine vector accumulators, then the border: rows 0 and
+// H-1 and, in between, columns 0 and W-1 (whose flat taps wrapped).
+template <typename T>
+KCLA_CLONES void conv3x3_kernel_grad(const T* __restrict g,
+                                     const T* __restrict in, double* gk,
+                                     int64_t H, int64_t W) {
   if (H < 3 || W < 3) {
-    for (int64_t a = 0; a < 3; ++a)
-      for (int64_t b = 0; b < 3; ++b) {
-        double sum = 0;
-        for (int64_t i = 0; i < H; ++i)
-          for (int64_t j = 0; j < W; ++j) {
-            const int64_t r = i + a - 1, col = j + b - 1;
-            if (r >= 0 && r < H && col >= 0 && col < W)
-              sum += double(g[i * W + j]) * in[r * W + col];
-          }
-        gk[3 * a + b] += sum;
-      }
+    for (int64_t i = 0; i < H; ++i)
+      for (int64_t j = 0; j < W; ++j) add_exact_taps(g, in, gk, H, W, i, j);
     return;
   }
-  for (int64_t a = 0; a < 3; ++a) {
-    // Rows of g whose source row i + a - 1 exists.
-    const int64_t i0 = std::max<int64_t>(0, 1 - a);
-    const int64_t i1 = std::min<int64_t>(H, H + 1 - a);
-    const int64_t shift = (a - 1) * W;
-    gk[3 * a + 1] += flat_dot<T>(g, in, i0 * W, i1 * W, shift);
-    // b = 0 reads column j - 1: column 0 wraps to the row above's last.
-    double left = flat_dot<T>(g, in, i0 * W + 1, i1 * W, shift - 1);
-    for (int64_t i = i0 + 1; i < i1; ++i)
-      left -= double(g[i * W]) * in[i * W + shift - 1];
-    gk[3 * a] += left;
-    // b = 2 reads column j + 1: column W - 1 wraps to the next row's first.
-    double right = flat_dot<T>(g, in, i0 * W, i1 * W - 1, shift + 1);
-    for (int64_t i = i0; i < i1 - 1; ++i)
-      right -= double(g[i * W + W - 1]) * in[i * W + W + shift];
-    gk[3 * a + 2] += right;
+  const int64_t begin = W + 1, end = H * W - W - 1;
+  for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
+    const int64_t b1 = std::min(end, b0 + kBlock);
+    T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0, s8 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5, s6, s7, s8)
+    for (int64_t p = b0; p < b1; ++p) {
+      const T gp = g[p];
+      s0 += gp * in[p - W - 1];
+      s1 += gp * in[p - W];
+      s2 += gp * in[p - W + 1];
+      s3 += gp * in[p - 1];
+      s4 += gp * in[p];
+      s5 += gp * in[p + 1];
+      s6 += gp * in[p + W - 1];
+      s7 += gp * in[p + W];
+      s8 += gp * in[p + W + 1];
+    }
+    gk[0] += s0;
+    gk[1] += s1;
+    gk[2] += s2;
+    gk[3] += s3;
+    gk[4] += s4;
+    gk[5] += s5;
+    gk[6] += s6;
+    gk[7] += s7;
+    gk[8] += s8;
+  }
+  for (int64_t i = 1; i < H - 1; ++i) {
+    for (int64_t j : {int64_t(0), W - 1}) {
+      const int64_t p = i * W + j;
+      if (p >= begin && p < end) sub_wrapped_taps(g, in, gk, W, p);
+      add_exact_taps(g, in, gk, H, W, i, j);
+    }
+  }
+  for (int64_t j = 0; j < W; ++j) {
+    add_exact_taps(g, in, gk, H, W, 0, j);
+    add_exact_taps(g, in, gk, H, W, H - 1, j);
   }
 }
 
@@ -194,7 +228,7 @@ KCLA_CLONES void relu_residual(T* out, const T* x, const T* __restrict v,
                                T mean, T a, T beta, T mb, int64_t n) {
   for (int64_t p = 0; p < n; ++p) {
     const T y = a * (v[p] - mean) + beta;
-    out[p] = x[p] + mb * (y > T(0) ? y : T(0));
+    out[p] = x[p] + mb * std::max(y, T(0));
   }
 }
 
@@ -206,8 +240,10 @@ KCLA_CLONES void relu_backward(const T* __restrict v,
                                const T* __restrict grad_out,
                                T* __restrict grad_y, T mean, T a, T beta,
                                T invstd, T m, T bs, int64_t n,
-                               double sums[3]) {
-  sums[0] = sums[1] = sums[2] = 0;
+                               double* __restrict sums) {
+  // Local totals and a 0/1 factor instead of branches: GCC vectorises the
+  // loop only in this form.
+  double t0 = 0, t1 = 0, t2 = 0;
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
     const int64_t b1 = std::min(n, b0 + kBlock);
     T s0 = 0, s1 = 0, s2 = 0;
@@ -215,17 +251,21 @@ KCLA_CLONES void relu_backward(const T* __restrict v,
     for (int64_t p = b0; p < b1; ++p) {
       const T centred = v[p] - mean;
       const T y = a * centred + beta;
+      const T on = y > T(0) ? T(1) : T(0);
       const T gr = m * grad_out[p];
-      const T gy = y > T(0) ? gr * bs : T(0);
+      const T gy = gr * bs * on;
       grad_y[p] = gy;
       s0 += gy;
-      s1 += gy * centred * invstd;
-      s2 += y > T(0) ? gr * y : T(0);
+      s1 += gy * centred;
+      s2 += gr * std::max(y, T(0));
     }
-    sums[0] += s0;
-    sums[1] += s1;
-    sums[2] += s2;
+    t0 += s0;
+    t1 += double(s1) * invstd;
+    t2 += s2;
   }
+  sums[0] = t0;
+  sums[1] = t1;
+  sums[2] = t2;
 }
 
 // The norm's backward: dL/dv = a (dL/dy - mean_gy - vhat mean_gy_vhat)
@@ -343,7 +383,7 @@ std::vector<Tensor> branch_forward(
           T k[9];
           for (int t = 0; t < 9; ++t) k[t] = s * kp[c * 9 + t];
           conv3x3<T>(un, v.data(), k, g.H, g.W);
-          const double m = flat_dot<T>(v.data(), nullptr, 0, HW) / HW;
+          const double m = flat_sum<T>(v.data(), HW) / HW;
           plane_mean[nc] = m;
           plane_m2[nc] = centered_square<T>(v.data(), T(m), HW);
         }
@@ -577,7 +617,7 @@ std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
     const T* xp = x.data_ptr<T>();
     at::parallel_for(0, N * C, 16, [&](int64_t begin, int64_t end) {
       for (int64_t nc = begin; nc < end; ++nc)
-        pooled[nc] = flat_dot<T>(xp + nc * HW, nullptr, 0, HW) / HW;
+        pooled[nc] = flat_sum<T>(xp + nc * HW, HW) / HW;
     });
     const T* qw = query_weight.data_ptr<T>();
     const T* kw = key_weight.data_ptr<T>();

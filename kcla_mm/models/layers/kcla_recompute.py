@@ -199,30 +199,39 @@ class RecomputedRenorm(torch.autograd.Function):
         return KCLAState(u, z)
 
     @staticmethod
+    def replay(ctx) -> Tuple[List[Tensor], KCLAState]:
+        """(inputs, outputs) of Algorithm 1 run again with autograd. Run
+        once for both consumers: the tape, whose states start from its
+        output (requested first, by the run's last layer), and this node's
+        backward, which takes the graph and drops it."""
+        if getattr(ctx, 'replayed', None) is None:
+            inputs = [
+                t.detach().requires_grad_(need) for t, need in zip(
+                    RecomputedRenorm.incoming_state(ctx, False),
+                    ctx.needs_input_grad[2:4])
+            ]
+            with torch.enable_grad():
+                outputs = fused_renormalise(ctx.layer, KCLAState(*inputs),
+                                            replay_norm(ctx.layer.state_norm))
+            ctx.replayed = (inputs, outputs)
+        return ctx.replayed
+
+    @staticmethod
     def backward(ctx, grad_u: Optional[Tensor], grad_z: Optional[Tensor]):
         params = list(ctx.saved_tensors[2:])
-        inputs = [
-            t.detach().requires_grad_(need) for t, need in zip(
-                RecomputedRenorm.incoming_state(ctx, False),
-                ctx.needs_input_grad[2:4])
-        ]
-        with torch.enable_grad():
-            outputs = fused_renormalise(ctx.layer, KCLAState(*inputs),
-                                        replay_norm(ctx.layer.state_norm))
+        inputs, outputs = RecomputedRenorm.replay(ctx)
+        ctx.replayed = None  # a second backward pass replays again
         return (None, None, *grads_of(outputs,
                                       (grad_u, grad_z), inputs + params))
 
 
 def renormalised_start(node) -> Callable[[], Tensor]:
-    """The new state of a :class:`RecomputedRenorm` node, recomputed from
-    what it keeps (its own backward pass will take the incoming state)."""
+    """The new state of a :class:`RecomputedRenorm` node, from the replay
+    that its own backward pass will use."""
     node = weakref.ref(node)
 
     def start() -> Tensor:
-        ctx = node()
-        state = RecomputedRenorm.incoming_state(ctx, keep=True)
-        return fused_renormalise(ctx.layer, state,
-                                 replay_norm(ctx.layer.state_norm)).u
+        return RecomputedRenorm.replay(node())[1].u.detach()
 
     return start
 

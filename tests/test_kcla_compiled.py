@@ -9,9 +9,11 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from mmdet.models.backbones import ResNet
 
 import kcla_mm.models.layers.kcla_compiled as kcla_compiled
 import kcla_mm.models.layers.kcla_layer as kcla_layer
+from kcla_mm.analysis.complexity import count_flops
 from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers import KCLALayer
 from kcla_mm.models.layers.kcla_fused import fused_query_key, gate_and_weight
@@ -268,6 +270,30 @@ def test_auto_runs_the_kernels_where_they_apply(ext, monkeypatch, case):
         y_ref, state_ref = layer.forward_reference(x, state)
         assert_close_to_max(y, y_ref, 1e-5)
         assert_close_to_max(new_state.u, state_ref.u, 1e-5)
+
+
+def test_tracing_records_the_pytorch_ops(ext, monkeypatch):
+    """torch.jit.trace (mmengine's FLOP counter, ONNX export) cannot see
+    into the kernels: under tracing 'auto' runs the fused path, so a traced
+    backbone computes other inputs correctly and its FLOPs are the fused
+    path's."""
+    model = KCLAResNet(depth=18, base_channels=16, head_dim=16).eval()
+    x, other = torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32)
+    with torch.no_grad():
+        # check_trace=False: the check would run the model again, untraced.
+        calls = calls_into_kernels(
+            monkeypatch, ext,
+            lambda: torch.jit.trace(model, (x, ), check_trace=False))
+        traced = torch.jit.trace(model, (x, ))
+        want = model(other)
+        for got, ref in zip(traced(other), want):
+            assert_close_to_max(got, ref, 1e-5)
+    assert calls == 0
+    fused = KCLAResNet(
+        depth=18, base_channels=16, head_dim=16, kcla_implementation='fused')
+    fused.load_state_dict(model.state_dict())
+    assert count_flops(model, x) == count_flops(fused, x) > count_flops(
+        ResNet(depth=18, base_channels=16), x)
 
 
 def test_without_the_extension(monkeypatch):

@@ -89,9 +89,14 @@ def compiled_applies(layer: 'KCLALayer', x: Tensor,
                      state: Optional[KCLAState]) -> bool:
     """Whether the kernels cover this call: CPU, fp32 or fp64 throughout,
     NCHW, a BatchNorm (not SyncBN, GN, ...) and no autocast. A training BN
-    over one value per channel is left to PyTorch's, which refuses it."""
+    over one value per channel is left to PyTorch's, which refuses it.
+
+    Never under ``torch.jit.trace`` (FLOP counting, ONNX export): the
+    tracer cannot see into the kernels and would record their outputs as
+    constants."""
     norm = layer.norm
-    return (extension() is not None and x.device.type == 'cpu'
+    return (extension() is not None and not torch.jit.is_tracing()
+            and x.device.type == 'cpu'
             and x.dtype in (torch.float32, torch.float64)
             and x.is_contiguous() and not is_autocast_enabled('cpu')
             and layer.value_conv.weight.dtype == x.dtype

@@ -7,6 +7,7 @@ import os.path as osp
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -224,10 +225,9 @@ def test_vermin_check_catches_newer_python(tmp_path, code):
     assert result.returncode != 0 and 'newer.py' in result.stdout
 
 
-def test_wheel_installs_into_this_stack_and_replaces_nothing(tmp_path):
-    """As a user of this stack would: the wheel's requirements are met by
-    what is installed, so pip would add kcla_mm and touch nothing else
-    (with exact pins it would have replaced torch, breaking mmcv's ops)."""
+def build_wheel(tmp_path, env=None):
+    """A wheel of a copy of the source tree (without the kernels built in
+    place), built as a user would, and pip's output."""
     source = tmp_path / 'src'
     shutil.copytree(
         ROOT,
@@ -236,16 +236,39 @@ def test_wheel_installs_into_this_stack_and_replaces_nothing(tmp_path):
                                       'data', 'build', 'dist', '*.egg-info',
                                       '__pycache__', '.pytest_cache',
                                       '_kcla_cpu_t*.so'))
-    pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check']
-    subprocess.run(
-        pip + [
-            'wheel', '-q', '--no-deps', '--no-build-isolation', '-w',
-            str(tmp_path / 'dist'),
-            str(source)
-        ],
-        check=True,
-        capture_output=True)
+    command = [
+        sys.executable, '-m', 'pip', '--disable-pip-version-check', 'wheel',
+        '--no-deps', '--no-build-isolation', '-w',
+        str(tmp_path / 'dist'),
+        str(source)
+    ]
+    environ = dict(os.environ, **(env or {}))
+    result = subprocess.run(
+        command, env=environ, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
     (wheel, ) = (tmp_path / 'dist').glob('kcla_mm-*.whl')
+    return wheel, result.stdout + result.stderr
+
+
+def extension_files(wheel):
+    major, minor = torch.__version__.split('.')[:2]
+    with zipfile.ZipFile(wheel) as archive:
+        return [
+            name for name in archive.namelist()
+            if name.startswith(f'kcla_mm/_kcla_cpu_t{major}_{minor}.')
+        ]
+
+
+def test_wheel_installs_into_this_stack_and_replaces_nothing(tmp_path):
+    """As a user of this stack would: the wheel's requirements are met by
+    what is installed, so pip would add kcla_mm and touch nothing else
+    (with exact pins it would have replaced torch, breaking mmcv's ops);
+    the C++ compiler that CI's machines have built the KCLA kernels into it,
+    for this torch."""
+    wheel, _ = build_wheel(tmp_path)
+    assert shutil.which('c++') or shutil.which('g++'), 'no C++ compiler'
+    assert len(extension_files(wheel)) == 1
+    pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check']
     result = subprocess.run(
         pip + [
             'install', '--dry-run', '--no-index', '--quiet', '--report', '-',
@@ -300,3 +323,12 @@ def test_setup_check_names_the_cause_of_broken_mmcv_ops(
     assert cause in result.stderr
     assert ('pip cache remove mmcv; rm -rf .venv-torch21; bash '
             'scripts/setup_venv.sh torch21') in result.stderr
+
+
+def test_wheel_builds_without_a_compiler(tmp_path):
+    """No working C++ compiler: the install still succeeds, without the
+    kernels, and says why (kcla_mm then runs its pure-PyTorch layer)."""
+    wheel, output = build_wheel(
+        tmp_path, env=dict(CXX='/nonexistent/c++', CC='/nonexistent/cc'))
+    assert extension_files(wheel) == []
+    assert 'the compiled KCLA kernels were not built' in output

@@ -1,9 +1,10 @@
-"""tools/analysis: benchmark_backbone, depth_scaling, layer_weights,
-key_similarity."""
+"""tools/analysis: benchmark_backbone, profile_kcla, depth_scaling,
+layer_weights, key_similarity."""
 import csv
 import os.path as osp
 import re
 import sys
+import time
 
 import mmcv
 import numpy as np
@@ -14,6 +15,7 @@ from mmengine.logging import HistoryBuffer
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
 from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
+from kcla_mm.analysis.phase_profile import PHASES, resolve, timed_phases
 from kcla_mm.models import KCLAResNet, MRLALightResNet
 from kcla_mm.torch_compat import has_mem_tracker
 from helpers import ROOT, load_tool, output_of, run
@@ -105,6 +107,49 @@ def test_benchmark_backbone_adds_the_official_file(tmp_path):
         check=False)
     assert f'--official {tmp_path / "missing.py"}: no such file' in \
         result.stderr
+
+
+@pytest.mark.parametrize('implementation', ['compiled', 'fused'])
+def test_phase_profile_times_every_phase_once_and_restores_them(
+        implementation):
+    """Every phase of the implementation is timed in a train step and an
+    eval forward (the kernels are built by setup wherever the suite runs),
+    nested phases are not counted twice, and the layer's functions are
+    back when the block ends."""
+    model = KCLAResNet(
+        depth=18,
+        base_channels=16,
+        head_dim=16,
+        kcla_implementation=implementation)
+    x = torch.randn(2, 3, 64, 64)
+    targets = [(resolve(owner), name)
+               for _, owner, name in PHASES[implementation]]
+    originals = [getattr(target, name) for target, name in targets]
+    start = time.perf_counter()
+    with timed_phases(implementation) as totals:
+        model.train()
+        sum(o.mean() for o in model(x)).backward()
+        model.eval()
+        with torch.no_grad():
+            model(x[:1])
+    wall = time.perf_counter() - start
+    assert set(totals) == {label for label, _, _ in PHASES[implementation]}
+    assert all(seconds > 0 for seconds in totals.values()), dict(totals)
+    assert sum(totals.values()) < wall
+    assert [getattr(target, name) for target, name in targets] == originals
+
+
+def test_profile_kcla_prints_the_phases_beside_resnet():
+    log = output_of(sys.executable, 'tools/analysis/profile_kcla.py',
+                    '--depth', 18, '--size', 64, '--train-batch', 2,
+                    '--repeats', 1, '--warmup', 0)
+    assert 'kcla_implementation=auto: compiled phases' in log, log
+    for mode in ('eval', 'train'):
+        assert re.search(
+            rf'{mode} \([\dx]+, median of 1\): ResNet [\d.]+ ms, '
+            r'KCLA [\d.]+ ms, ratio [\d.]+', log), log
+    assert 'state update + branch, C++ backward' in log
+    assert 'not in a phase' in log
 
 
 def test_depth_scaling_writes_csv_and_plot(tmp_path, capsys):

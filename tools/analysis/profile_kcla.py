@@ -1,0 +1,112 @@
+"""Per-phase time of the KCLA layers inside a KCLAResNet eval forward and
+train step, beside mmdet's ResNet of the same depth.
+
+    python tools/analysis/profile_kcla.py --depth 50 --threads 1
+
+The two models alternate as in benchmark_backbone.py (same inputs: eval
+1x3x224x224, train step 8x3x224x224); the KCLA model runs with timers around
+its layers' phases (:mod:`kcla_mm.analysis.phase_profile`). Printed per
+mode: the median step times, and each phase's mean milliseconds per step
+and share of ResNet's step. "not in a phase" is the KCLA step's median
+minus ResNet's minus the phases: the autograd engine's work on the pooled
+vectors, the layers' Python, and noise. It asserts nothing.
+"""
+import argparse
+import logging
+import statistics
+import time
+
+import torch
+from mmengine.logging import MMLogger
+
+from kcla_mm.analysis.benchmark import build_models
+from kcla_mm.analysis.phase_profile import timed_phases
+from kcla_mm.analysis.timing import eval_step, train_step
+from kcla_mm.models.layers.kcla_compiled import extension
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--depth', type=int, default=50)
+    parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--eval-batch', type=int, default=1)
+    parser.add_argument('--train-batch', type=int, default=8)
+    parser.add_argument('--size', type=int, default=224)
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--warmup', type=int, default=2)
+    parser.add_argument(
+        '--kcla-implementation',
+        choices=('auto', 'compiled', 'fused'),
+        default='auto',
+        help="the layer's implementation; 'auto' profiles the compiled "
+        "kernels where they are built, else 'fused'")
+    parser.add_argument(
+        '--modes',
+        nargs='+',
+        choices=('eval', 'train'),
+        default=['eval', 'train'])
+    return parser.parse_args()
+
+
+def profile_mode(models, step, implementation, warmup, repeats):
+    """(ResNet seconds, KCLA seconds, {phase: seconds per step})."""
+    for _ in range(warmup):
+        for model in models.values():
+            step(model)
+    times = {name: [] for name in models}
+    phases = {}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step(models['resnet'])
+        times['resnet'].append(time.perf_counter() - start)
+        with timed_phases(implementation) as totals:
+            start = time.perf_counter()
+            step(models['kcla'])
+            times['kcla'].append(time.perf_counter() - start)
+        for label, seconds in totals.items():
+            phases[label] = phases.get(label, 0.0) + seconds / repeats
+    return (statistics.median(times['resnet']),
+            statistics.median(times['kcla']), phases)
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    # init_weights logs every parameter
+    MMLogger.get_current_instance().setLevel(logging.WARNING)
+    implementation = args.kcla_implementation
+    if implementation == 'auto':
+        implementation = 'compiled' if extension() is not None else 'fused'
+    models = build_models(
+        args.depth, kcla_implementation=args.kcla_implementation)
+    inputs = {
+        'eval': torch.randn(args.eval_batch, 3, args.size, args.size),
+        'train': torch.randn(args.train_batch, 3, args.size, args.size)
+    }
+    steps = {'eval': eval_step, 'train': train_step}
+    print(f'KCLAResNet-{args.depth} (kcla_implementation='
+          f'{args.kcla_implementation}: {implementation} phases) vs '
+          f'ResNet-{args.depth}, cpu, {torch.get_num_threads()} thread(s), '
+          f'torch {torch.__version__}')
+    for mode in ('eval', 'train'):
+        if mode not in args.modes:
+            continue
+        x = inputs[mode]
+        base, kcla, phases = profile_mode(models, steps[mode](x),
+                                          implementation, args.warmup,
+                                          args.repeats)
+        shape = 'x'.join(map(str, x.shape))
+        print(f'\n{mode} ({shape}, median of {args.repeats}): ResNet '
+              f'{base * 1e3:.1f} ms, KCLA {kcla * 1e3:.1f} ms, ratio '
+              f'{kcla / base:.3f}')
+        print(f'  {"phase":<56} {"ms/step":>8} {"% of ResNet":>12}')
+        for label, seconds in sorted(phases.items(), key=lambda p: -p[1]):
+            print(f'  {label:<56} {seconds * 1e3:8.1f} '
+                  f'{100 * seconds / base:11.1f}%')
+        rest = kcla - base - sum(phases.values())
+        print(f'  {"not in a phase (autograd, Python, noise)":<56} '
+              f'{rest * 1e3:8.1f} {100 * rest / base:11.1f}%')
+
+
+if __name__ == '__main__':
+    main()

@@ -13,8 +13,7 @@ from kcla_mm.models import KCLAResNet
 from kcla_mm.models.backbones import (MMSegCrossLayerResNet, MMSegKCLAResNet,
                                       MMSegKCLAResNetV1c, MMSegKCLAResNetV1d)
 from helpers import assert_close_to_max
-from official_reference import OfficialKCLA, randomise_
-from test_kcla_layer import OFFICIAL_TO_MM
+from official_reference import OFFICIAL_TO_MM, OfficialKCLA, randomise_
 
 ATTENTION = {'KCLAResNet': 'kcla', 'LAResNet': 'la',
              'MRLALightResNet': 'mrla_light'}

@@ -20,6 +20,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 STAGE_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
+# Official KCLA module names -> KCLALayer's.
+OFFICIAL_TO_MM = {
+    'Wq': 'query_conv',
+    'Wk': 'key_conv',
+    'Wv': 'value_conv',
+    'head_att': 'head_mix',
+    'bn_attention': 'norm',
+    'adjust_channel': 'state_adapt',
+    'u_Wk': 'state_key_conv',
+    'u_bn': 'state_norm'
+}
 
 
 def _eca_k(channels):

@@ -16,6 +16,7 @@ from mmseg.registry import MODELS as MMSEG_MODELS
 
 from kcla_mm.analysis.complexity import count_flops, inference_state_bytes
 from kcla_mm.models import KCLAResNet, LAResNet, MRLALightResNet
+from kcla_mm.models.backbones import MMSegLAResNet, MMSegMRLALightResNet
 from kcla_mm.models.layers import LALayer, MRLALightLayer
 from helpers import ROOT
 from helpers import small_backbone as small
@@ -23,6 +24,11 @@ from helpers import small_backbone as small
 BASELINES = {
     'LAResNet': (LAResNet, 'la'),
     'MRLALightResNet': (MRLALightResNet, 'mrla_light')
+}
+# The same names in mmseg's registry: the classes over mmseg's ResNet.
+MMSEG_BASELINES = {
+    'LAResNet': MMSegLAResNet,
+    'MRLALightResNet': MMSegMRLALightResNet
 }
 
 
@@ -40,7 +46,8 @@ def test_builds_from_both_registries_and_trains(registry, name, depth):
             base_channels=16,
             head_dim=8,
             norm_eval=False))
-    assert type(model) is cls
+    assert type(model) is (
+        cls if registry is MMDET_MODELS else MMSEG_BASELINES[name])
     plain = ResNet(depth=depth, base_channels=16)
     # Plain ResNet keys unchanged; everything else is the attention's.
     extra = set(model.state_dict()) - set(plain.state_dict())
@@ -220,7 +227,9 @@ def test_config_builds_its_model(path):
     init_default_scope(scope)
     registry = MMSEG_MODELS if scope == 'mmseg' else MMDET_MODELS
     model = registry.build(cfg.model)
-    assert type(model.backbone).__name__ == want
+    expected = (
+        MMSEG_BASELINES[want] if scope == 'mmseg' else BASELINES[want][0])
+    assert type(model.backbone) is expected
     if name.startswith(('faster', 'mask')):
         # The ResNet part starts from plain ImageNet ResNet-50 weights.
         assert cfg.model.backbone.depth == 50

@@ -8,18 +8,7 @@ from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.attention_branch import eca_kernel_size
 from kcla_mm.models.layers.kcla_layer import head_temperatures
 from helpers import assert_close_to_max, incoming_state
-from official_reference import OfficialKCLA, randomise_
-
-OFFICIAL_TO_MM = {
-    'Wq': 'query_conv',
-    'Wk': 'key_conv',
-    'Wv': 'value_conv',
-    'head_att': 'head_mix',
-    'bn_attention': 'norm',
-    'adjust_channel': 'state_adapt',
-    'u_Wk': 'state_key_conv',
-    'u_bn': 'state_norm'
-}
+from official_reference import OFFICIAL_TO_MM, OfficialKCLA, randomise_
 
 
 def paired_layers(channels,

@@ -1,12 +1,18 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 """The backbone machinery shared by every layer-attention ResNet.
 
-A layer-attention ResNet is mmdet's ResNet with one module after every
-residual block. The module takes the block output and a state carried from
-the previous block (None at the network's first block) and returns the new
+A layer-attention ResNet is a ResNet with one module after every residual
+block. The module takes the block output and a state carried from the
+previous block (None at the network's first block) and returns the new
 block output and the new state. What the state holds is the module's
 business: a recurrent sum (KCLA), a cache of all earlier blocks (LA), the
 previous attention output (MRLA-light).
+
+The machinery is two mixins, put in front of a ResNet / ResLayer pair:
+:class:`CrossLayerResNet` is it over mmdet's ``ResNet`` (registered in
+mmdet's and mmpretrain's MODELS), :class:`MMSegCrossLayerResNet` over
+mmseg's, whose stages also take ``multi_grid`` and ``contract_dilation``
+(registered in mmseg's MODELS).
 """
 from typing import Callable, Optional, Tuple
 
@@ -14,18 +20,23 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmdet.models.backbones import ResNet
 from mmdet.models.layers import ResLayer
+from mmseg.models.backbones import ResNet as MMSegResNet
+from mmseg.models.utils import ResLayer as MMSegResLayer
 from torch import Tensor
+
+from .errors import BackboneAssertionError, BackboneKeyError
 
 # make_attention(channels, block_index, state_channels, state_stride)
 AttentionFactory = Callable[[int, int, Optional[int], int], nn.Module]
 
 
-class CrossLayerResLayer(ResLayer):
+class CrossLayerResLayerMixin:
     """A ResNet stage with a layer-attention module after every block.
 
-    The blocks are built by mmdet's ``ResLayer`` unchanged (so plain ResNet
-    weights keep their ``layerN.J.*`` keys); block ``J`` gets a child named
-    ``attention_name`` that this stage calls after it, threading the state.
+    Put it before a ``ResLayer`` class in the bases. The blocks are built by
+    that ``ResLayer`` unchanged (so plain ResNet weights keep their
+    ``layerN.J.*`` keys); block ``J`` gets a child named ``attention_name``
+    that this stage calls after it, threading the state.
 
     Args:
         attention_name (str): Attribute name of the module on each block,
@@ -38,7 +49,7 @@ class CrossLayerResLayer(ResLayer):
             block output.
         in_state_channels (int, optional): Width of the state arriving from
             the previous stage; None for the first stage.
-        **kwargs: Arguments of mmdet's ``ResLayer``.
+        **kwargs: Arguments of the ``ResLayer``.
     """
 
     def __init__(self, attention_name: str, make_attention: AttentionFactory,
@@ -70,13 +81,25 @@ class CrossLayerResLayer(ResLayer):
         return x, state
 
 
-class CrossLayerResNet(ResNet):
-    """mmdet's ResNet with a layer-attention module after every block.
+class CrossLayerResLayer(CrossLayerResLayerMixin, ResLayer):
+    """:class:`CrossLayerResLayerMixin` over mmdet's ``ResLayer``."""
 
-    Subclasses set ``attention_name`` and implement :meth:`make_attention`;
-    every ResNet option keeps its meaning. The state flows through all
-    stages; carrying it across a change of width or size is the module's
-    job (it is told both when it is built).
+
+class MMSegCrossLayerResLayer(CrossLayerResLayerMixin, MMSegResLayer):
+    """:class:`CrossLayerResLayerMixin` over mmseg's ``ResLayer`` (which
+    also takes ``multi_grid`` and ``contract_dilation``)."""
+
+
+class CrossLayerResNetMixin:
+    """A ResNet with a layer-attention module after every block.
+
+    Put it before a ResNet class in the bases, and set ``res_layer_class``
+    to the matching :class:`CrossLayerResLayerMixin` class. Subclasses set
+    ``attention_name`` and implement :meth:`make_attention`; every ResNet
+    option keeps its meaning. The state flows through all stages; carrying
+    it across a change of width or size is the module's job (it is told
+    both when it is built: a stage of stride 1, as the dilated stages of a
+    segmentation ResNet, changes the width but not the size).
 
     Args:
         depth (int): ResNet depth, a key of ``arch_settings``.
@@ -99,9 +122,10 @@ class CrossLayerResNet(ResNet):
             attention norms keep their initial running statistics (a plain
             checkpoint has none for them). Default: False (the official
             architecture, no extra parameter).
-        **kwargs: Arguments of mmdet's ``ResNet``.
+        **kwargs: Arguments of the ResNet class.
     """
     attention_name = 'attention'
+    res_layer_class: type = None
 
     def __init__(self,
                  depth: int,
@@ -115,24 +139,31 @@ class CrossLayerResNet(ResNet):
         super().__init__(depth=depth, **kwargs)
 
     def _check_args(self, depth, head_dim, kwargs) -> None:
-        """Fails early, naming the field, where mmdet would assert or fail
-        deep inside the build."""
+        """Fails early, naming the field, where mmdet / mmseg would assert or
+        fail deep inside the build; each error is also of the type their
+        ResNet raises for it (:mod:`.errors`)."""
         cls = type(self)
         # self: a CIFAR layout sets its arch_settings per instance.
         if depth not in self.arch_settings:
-            raise ValueError(f'depth={depth!r} is not supported by '
-                             f'{cls.__name__}; choose from '
-                             f'{sorted(self.arch_settings)}')
+            raise BackboneKeyError(f'depth={depth!r} is not supported by '
+                                   f'{cls.__name__}; choose from '
+                                   f'{sorted(self.arch_settings)}')
         num_stages = kwargs.get('num_stages', 4)
         if not 1 <= num_stages <= 4:
-            raise ValueError(f'num_stages={num_stages} must be in 1..4')
+            raise BackboneAssertionError(
+                f'num_stages={num_stages} must be in 1..4')
         for field, default in (('strides', (1, 2, 2, 2)), ('dilations',
                                                            (1, 1, 1, 1))):
             value = kwargs.get(field, default)
             if len(value) != num_stages:
-                raise ValueError(
+                raise BackboneAssertionError(
                     f'{field}={tuple(value)} must have num_stages='
                     f'{num_stages} entries, got {len(value)}')
+        out_indices = kwargs.get('out_indices', (0, 1, 2, 3))
+        if max(out_indices) >= num_stages:
+            raise BackboneAssertionError(
+                f'out_indices={tuple(out_indices)} must be below '
+                f'num_stages={num_stages}')
         expansion = self.arch_settings[depth][0].expansion
         base = kwargs.get('base_channels', 64)
         for i in range(num_stages):
@@ -162,16 +193,18 @@ class CrossLayerResNet(ResNet):
         raise NotImplementedError
 
     def make_res_layer(self, **kwargs) -> CrossLayerResLayer:
-        # Called once per stage, in order, before the stage is registered.
+        # Called once per stage, in order, before the stage is registered;
+        # kwargs are the ResNet's own (mmseg's add multi_grid and
+        # contract_dilation) and go to its ResLayer unchanged.
         first_stage = len(self.res_layers) == 0
-        return CrossLayerResLayer(
+        return self.res_layer_class(
             attention_name=self.attention_name,
             make_attention=self.make_attention,
             in_state_channels=None if first_stage else kwargs['inplanes'],
             **kwargs)
 
-    def train(self, mode: bool = True) -> 'CrossLayerResNet':
-        # mmdet's ResNet.train() returns None; nn.Module's contract (and
+    def train(self, mode: bool = True) -> nn.Module:
+        # mmdet's and mmseg's ResNet.train() return None; nn.Module's contract (and
         # `model = KCLAResNet(...).eval()`) expects the module back.
         super().train(mode)
         return self
@@ -194,3 +227,37 @@ class CrossLayerResNet(ResNet):
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)
+
+
+class CrossLayerResNet(CrossLayerResNetMixin, ResNet):
+    """mmdet's ResNet with a layer-attention module after every block (see
+    :class:`CrossLayerResNetMixin`). Args: those of the mixin and of mmdet's
+    ``ResNet``."""
+    res_layer_class = CrossLayerResLayer
+
+
+class MMSegCrossLayerResNet(CrossLayerResNetMixin, MMSegResNet):
+    """mmseg's ResNet with a layer-attention module after every block (see
+    :class:`CrossLayerResNetMixin`).
+
+    Every option of mmseg's ``ResNet`` keeps mmseg's meaning and state-dict
+    keys (``multi_grid`` and ``contract_dilation`` included; ``norm_eval``
+    and ``zero_init_residual`` keep mmseg's defaults, False and True), with
+    one exception kept from the classes that these replace in mmseg's
+    registry: ``stem_channels`` None (the default) is ``base_channels``,
+    mmdet's rule, so that the narrow encoders of existing configs and
+    checkpoints (``base_channels=32``) keep their stem. With the default
+    ``base_channels=64`` that is mmseg's 64.
+
+    Args:
+        stem_channels (int, optional): Width of the stem. Default: None
+            (``base_channels``).
+        **kwargs: Arguments of the mixin and of mmseg's ``ResNet``.
+    """
+    res_layer_class = MMSegCrossLayerResLayer
+
+    def __init__(self, depth: int, stem_channels: Optional[int] = None,
+                 **kwargs):
+        if stem_channels is None:
+            stem_channels = kwargs.get('base_channels', 64)
+        super().__init__(depth=depth, stem_channels=stem_channels, **kwargs)

@@ -7,56 +7,12 @@ from ..layers.kcla_layer import IMPLEMENTATIONS
 from .cross_layer_resnet import CrossLayerResNet
 
 
-@register_backbone()
-class KCLAResNet(CrossLayerResNet):
-    """ResNet with Key-Correlated Layer Attention (arXiv 2606.28405).
-
-    A thin subclass of mmdet's :class:`~mmdet.models.backbones.ResNet`: every
-    ResNet option keeps its meaning, and a :class:`KCLALayer` follows every
-    residual block (at ``layerN.J.kcla``). The KCLA state flows through all
-    stages and is carried across stage boundaries by the paper's Algorithm 1.
-
-    Args:
-        head_dim (int): Channels per KCLA head. Default: 64 (official).
-        temperature_range (Sequence[float]): Range of the log-uniform
-            sequence whose reciprocals are the per-head temperatures.
-            Default: (0.7, 1 / 0.7) (official).
-        clamp (float): Upper bound of ||K|| / tau before ``exp``.
-            Default: 10 (official).
-        kcla_drop_path (float): Drop-path rate of the KCLA branch.
-            Default: 0.2 (official).
-        renorm_blocks (Sequence[int]): Block indices within a stage whose
-            KCLA layer re-normalises the state. Default: (0, 11) (official;
-            block 11 exists only in the deep stages of ResNet-101/152).
-        kcla_implementation (str): ``'auto'`` (the compiled CPU kernels
-            where they apply, else ``'fused'``), ``'compiled'``,
-            ``'fused'``, ``'reference'`` or ``'recompute'`` (less
-            activation memory in pure PyTorch), see
-            :class:`~kcla_mm.models.layers.KCLALayer`. Default: 'auto'.
-        kcla_inplace (bool): In inference without autograd, add each KCLA
-            branch into the block output in place and update the state in
-            place. Saves memory traffic, but a forward hook that keeps a
-            block's output (``layerN.J``) sees it overwritten by the next
-            step. Default: False.
-        zero_init_attention (bool): Start every attention branch at zero
-            (warm start from plain ResNet weights), see
-            :class:`CrossLayerResNet`. Default: False.
-        **kwargs: Arguments of mmdet's ``ResNet`` (depth, in_channels,
-            base_channels, num_stages, strides, dilations, out_indices, style,
-            deep_stem, avg_down, frozen_stages, conv_cfg, norm_cfg, norm_eval,
-            with_cp, zero_init_residual, plugins, init_cfg, ...).
-
-    Example:
-        >>> import torch
-        >>> from kcla_mm.models import KCLAResNet
-        >>> self = KCLAResNet(depth=18, head_dim=32).eval()
-        >>> for out in self(torch.rand(1, 3, 64, 64)):
-        ...     print(tuple(out.shape))
-        (1, 64, 16, 16)
-        (1, 128, 8, 8)
-        (1, 256, 4, 4)
-        (1, 512, 2, 2)
-    """
+class KCLAResNetMixin:
+    """What makes a layer-attention ResNet KCLA: its arguments and its
+    :class:`KCLALayer` after every block. Put it before a
+    :class:`~.cross_layer_resnet.CrossLayerResNetMixin` class in the bases
+    (:class:`KCLAResNet`, and mmseg's ``KCLAResNet`` in
+    :mod:`.mmseg_resnet`); the arguments are :class:`KCLAResNet`'s."""
     attention_name = 'kcla'
 
     def __init__(self,
@@ -95,3 +51,59 @@ class KCLAResNet(CrossLayerResNet):
             renorm=block_index in self.renorm_blocks
             and state_channels is not None,
             **self.kcla_cfg)
+
+
+# mmseg's registry has its own KCLAResNet, over mmseg's ResNet
+# (.mmseg_resnet).
+@register_backbone(registries=('mmdet', 'mmpretrain'))
+class KCLAResNet(KCLAResNetMixin, CrossLayerResNet):
+    """ResNet with Key-Correlated Layer Attention (arXiv 2606.28405).
+
+    A thin subclass of mmdet's :class:`~mmdet.models.backbones.ResNet`
+    (mmseg's registry holds the same over mmseg's ``ResNet``, with the
+    ``KCLAResNetV1c`` / ``KCLAResNetV1d`` variants: :mod:`.mmseg_resnet`):
+    every ResNet option keeps its meaning, and a :class:`KCLALayer` follows every
+    residual block (at ``layerN.J.kcla``). The KCLA state flows through all
+    stages and is carried across stage boundaries by the paper's Algorithm 1.
+
+    Args:
+        head_dim (int): Channels per KCLA head. Default: 64 (official).
+        temperature_range (Sequence[float]): Range of the log-uniform
+            sequence whose reciprocals are the per-head temperatures.
+            Default: (0.7, 1 / 0.7) (official).
+        clamp (float): Upper bound of ||K|| / tau before ``exp``.
+            Default: 10 (official).
+        kcla_drop_path (float): Drop-path rate of the KCLA branch.
+            Default: 0.2 (official).
+        renorm_blocks (Sequence[int]): Block indices within a stage whose
+            KCLA layer re-normalises the state. Default: (0, 11) (official;
+            block 11 exists only in the deep stages of ResNet-101/152).
+        kcla_implementation (str): ``'auto'`` (the compiled CPU kernels
+            where they apply, else ``'fused'``), ``'compiled'``,
+            ``'fused'``, ``'reference'`` or ``'recompute'`` (less
+            activation memory in pure PyTorch), see
+            :class:`~kcla_mm.models.layers.KCLALayer`. Default: 'auto'.
+        kcla_inplace (bool): In inference without autograd, add each KCLA
+            branch into the block output in place and update the state in
+            place. Saves memory traffic, but a forward hook that keeps a
+            block's output (``layerN.J``) sees it overwritten by the next
+            step. Default: False.
+        zero_init_attention (bool): Start every attention branch at zero
+            (warm start from plain ResNet weights), see
+            :class:`CrossLayerResNetMixin`. Default: False.
+        **kwargs: Arguments of mmdet's ``ResNet`` (depth, in_channels,
+            base_channels, num_stages, strides, dilations, out_indices, style,
+            deep_stem, avg_down, frozen_stages, conv_cfg, norm_cfg, norm_eval,
+            with_cp, zero_init_residual, plugins, init_cfg, ...).
+
+    Example:
+        >>> import torch
+        >>> from kcla_mm.models import KCLAResNet
+        >>> self = KCLAResNet(depth=18, head_dim=32).eval()
+        >>> for out in self(torch.rand(1, 3, 64, 64)):
+        ...     print(tuple(out.shape))
+        (1, 64, 16, 16)
+        (1, 128, 8, 8)
+        (1, 256, 4, 4)
+        (1, 512, 2, 2)
+    """

@@ -6,30 +6,12 @@ from ..layers import LALayer
 from .cross_layer_resnet import CrossLayerResNet
 
 
-@register_backbone()
-class LAResNet(CrossLayerResNet):
-    """ResNet with standard (full) layer attention, the quadratic baseline.
-
-    Every block attends, with a softmax over the layers per head, to itself
-    and to all earlier blocks of the network, whose keys and outputs are
-    cached (:class:`~kcla_mm.models.layers.LALayer`, at ``layerN.J.la``);
-    the cache is mapped to each new stage like KCLA's state. Memory grows
-    linearly and compute quadratically with depth. Every option of mmdet's
-    ResNet keeps its meaning; plain ResNet weights load into the ResNet
-    part.
-
-    Args:
-        head_dim (int): Channels per head. Default: 64 (as KCLA).
-        la_drop_path (float): Drop-path rate of the attention branch.
-            Default: 0.2 (as KCLA).
-        zero_init_attention (bool): Start every attention branch at zero
-            (warm start from plain ResNet weights), see
-            :class:`CrossLayerResNet`. Default: False.
-        **kwargs: Arguments of mmdet's ``ResNet`` (depth, in_channels,
-            base_channels, num_stages, strides, dilations, out_indices, style,
-            deep_stem, avg_down, frozen_stages, conv_cfg, norm_cfg, norm_eval,
-            with_cp, zero_init_residual, plugins, init_cfg, ...).
-    """
+class LAResNetMixin:
+    """What makes a layer-attention ResNet LA: its arguments and its
+    :class:`LALayer` after every block. Put it before a
+    :class:`~.cross_layer_resnet.CrossLayerResNetMixin` class in the bases
+    (:class:`LAResNet`, and mmseg's ``LAResNet`` in :mod:`.mmseg_resnet`);
+    the arguments are :class:`LAResNet`'s."""
     attention_name = 'la'
 
     def __init__(self,
@@ -51,3 +33,31 @@ class LAResNet(CrossLayerResNet):
             state_channels=state_channels,
             state_stride=state_stride,
             **self.la_cfg)
+
+
+# mmseg's registry has its own LAResNet, over mmseg's ResNet
+# (.mmseg_resnet).
+@register_backbone(registries=('mmdet', 'mmpretrain'))
+class LAResNet(LAResNetMixin, CrossLayerResNet):
+    """ResNet with standard (full) layer attention, the quadratic baseline.
+
+    Every block attends, with a softmax over the layers per head, to itself
+    and to all earlier blocks of the network, whose keys and outputs are
+    cached (:class:`~kcla_mm.models.layers.LALayer`, at ``layerN.J.la``);
+    the cache is mapped to each new stage like KCLA's state. Memory grows
+    linearly and compute quadratically with depth. Every option of mmdet's
+    ResNet keeps its meaning; plain ResNet weights load into the ResNet
+    part.
+
+    Args:
+        head_dim (int): Channels per head. Default: 64 (as KCLA).
+        la_drop_path (float): Drop-path rate of the attention branch.
+            Default: 0.2 (as KCLA).
+        zero_init_attention (bool): Start every attention branch at zero
+            (warm start from plain ResNet weights), see
+            :class:`CrossLayerResNetMixin`. Default: False.
+        **kwargs: Arguments of mmdet's ``ResNet`` (depth, in_channels,
+            base_channels, num_stages, strides, dilations, out_indices, style,
+            deep_stem, avg_down, frozen_stages, conv_cfg, norm_cfg, norm_eval,
+            with_cp, zero_init_residual, plugins, init_cfg, ...).
+    """

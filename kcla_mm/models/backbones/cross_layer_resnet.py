@@ -204,8 +204,9 @@ class CrossLayerResNetMixin:
             **kwargs)
 
     def train(self, mode: bool = True) -> nn.Module:
-        # mmdet's and mmseg's ResNet.train() return None; nn.Module's contract (and
-        # `model = KCLAResNet(...).eval()`) expects the module back.
+        # mmdet's and mmseg's ResNet.train() return None; nn.Module's
+        # contract (and `model = KCLAResNet(...).eval()`) expects the
+        # module back.
         super().train(mode)
         return self
 

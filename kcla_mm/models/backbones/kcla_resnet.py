@@ -62,9 +62,10 @@ class KCLAResNet(KCLAResNetMixin, CrossLayerResNet):
     A thin subclass of mmdet's :class:`~mmdet.models.backbones.ResNet`
     (mmseg's registry holds the same over mmseg's ``ResNet``, with the
     ``KCLAResNetV1c`` / ``KCLAResNetV1d`` variants: :mod:`.mmseg_resnet`):
-    every ResNet option keeps its meaning, and a :class:`KCLALayer` follows every
-    residual block (at ``layerN.J.kcla``). The KCLA state flows through all
-    stages and is carried across stage boundaries by the paper's Algorithm 1.
+    every ResNet option keeps its meaning, and a :class:`KCLALayer` follows
+    every residual block (at ``layerN.J.kcla``). The KCLA state flows
+    through all stages and is carried across stage boundaries by the
+    paper's Algorithm 1.
 
     Args:
         head_dim (int): Channels per KCLA head. Default: 64 (official).

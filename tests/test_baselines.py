@@ -46,8 +46,8 @@ def test_builds_from_both_registries_and_trains(registry, name, depth):
             base_channels=16,
             head_dim=8,
             norm_eval=False))
-    assert type(model) is (
-        cls if registry is MMDET_MODELS else MMSEG_BASELINES[name])
+    assert type(model) is (cls if registry is MMDET_MODELS else
+                           MMSEG_BASELINES[name])
     plain = ResNet(depth=depth, base_channels=16)
     # Plain ResNet keys unchanged; everything else is the attention's.
     extra = set(model.state_dict()) - set(plain.state_dict())

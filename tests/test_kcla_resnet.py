@@ -40,8 +40,8 @@ def test_shapes_for_every_depth_from_both_registries(registry, depth):
     model = registry.build(
         dict(type='KCLAResNet', depth=depth, base_channels=16, head_dim=16))
     # mmseg's registry holds the class over mmseg's ResNet.
-    assert type(model) is (
-        KCLAResNet if registry is MMDET_MODELS else MMSegKCLAResNet)
+    assert type(model) is (KCLAResNet
+                           if registry is MMDET_MODELS else MMSegKCLAResNet)
     model.eval()
     expansion = 1 if depth < 50 else 4
     with torch.no_grad():

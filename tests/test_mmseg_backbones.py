@@ -15,8 +15,11 @@ from kcla_mm.models.backbones import (MMSegCrossLayerResNet, MMSegKCLAResNet,
 from helpers import assert_close_to_max
 from official_reference import OFFICIAL_TO_MM, OfficialKCLA, randomise_
 
-ATTENTION = {'KCLAResNet': 'kcla', 'LAResNet': 'la',
-             'MRLALightResNet': 'mrla_light'}
+ATTENTION = {
+    'KCLAResNet': 'kcla',
+    'LAResNet': 'la',
+    'MRLALightResNet': 'mrla_light'
+}
 UPSTREAM = {'': MMSegResNet, 'V1c': ResNetV1c, 'V1d': ResNetV1d}
 # mmseg's output-stride 8 and 16 settings (e.g. deeplabv3plus_r50-d8 and
 # -d16 in mmseg's configs).
@@ -39,8 +42,7 @@ def test_every_variant_is_mmseg_resnet_plus_attention(name, variant):
         contract_dilation=True,
         multi_grid=(1, 2, 4),
         **OUTPUT_STRIDE[8])
-    model = MMSEG_MODELS.build(
-        dict(type=name + variant, head_dim=8, **kwargs))
+    model = MMSEG_MODELS.build(dict(type=name + variant, head_dim=8, **kwargs))
     assert isinstance(model, MMSegCrossLayerResNet)
     plain = UPSTREAM[variant](**kwargs)
     ours = {k: v.shape for k, v in model.state_dict().items()}
@@ -136,7 +138,9 @@ def test_state_crosses_dilated_stages_as_the_official_equations(
         contract_dilation=True,
         **setting)
     ours = MMSegKCLAResNetV1c(
-        head_dim=16, kcla_drop_path=0., kcla_implementation='reference',
+        head_dim=16,
+        kcla_drop_path=0.,
+        kcla_implementation='reference',
         **kwargs)
     randomise_(ours)
     plain = ResNetV1c(**kwargs)
@@ -150,10 +154,11 @@ def test_state_crosses_dilated_stages_as_the_official_equations(
     ] for name, stride in zip(ours.res_layers, setting['strides'])]
     # Algorithm 1's adapter strides with its stage: not at all in the
     # dilated ones.
-    assert [ours.layer2[0].kcla.state_adapt.stride,
-            ours.layer3[0].kcla.state_adapt.stride,
-            ours.layer4[0].kcla.state_adapt.stride] == [
-                (s, s) for s in setting['strides'][1:]]
+    assert [
+        ours.layer2[0].kcla.state_adapt.stride,
+        ours.layer3[0].kcla.state_adapt.stride,
+        ours.layer4[0].kcla.state_adapt.stride
+    ] == [(s, s) for s in setting['strides'][1:]]
     for module in (ours, plain, *sum(twins, [])):
         module.train(mode == 'train')
 
@@ -172,11 +177,14 @@ def test_state_crosses_dilated_stages_as_the_official_equations(
     weights = [torch.randn_like(o) for o in got]
     ours_params = dict(ours.named_parameters())
     ref_params = {
-        **{k: p
-           for k, p in plain.named_parameters()},
+        **{
+            k: p
+            for k, p in plain.named_parameters()
+        },
         **{
             f'{name}.{j}.kcla.{OFFICIAL_TO_MM[k.partition(".")[0]]}.'
-            f'{k.partition(".")[2]}': p
+            f'{k.partition(".")[2]}':
+            p
             for name, stage in zip(plain.res_layers, twins)
             for j, twin in enumerate(stage)
             for k, p in twin.named_parameters() if p.requires_grad
@@ -195,18 +203,19 @@ def test_state_crosses_dilated_stages_as_the_official_equations(
             a, b, rtol=1e-8, atol=1e-10 * b.abs().max().item(), msg=name)
 
 
-@pytest.mark.parametrize('cls, upstream', [(KCLAResNet, MMDetResNet),
-                                           (MMSegKCLAResNet, MMSegResNet),
-                                           (MMSegKCLAResNetV1d, ResNetV1d)],
-                         ids=['mmdet', 'mmseg', 'mmseg-V1d'])
+@pytest.mark.parametrize(
+    'cls, upstream', [(KCLAResNet, MMDetResNet),
+                      (MMSegKCLAResNet, MMSegResNet),
+                      (MMSegKCLAResNetV1d, ResNetV1d)],
+    ids=['mmdet', 'mmseg', 'mmseg-V1d'])
 @pytest.mark.parametrize('kwargs, message, error', [
     (dict(depth=20), 'depth=20', KeyError),
     (dict(depth=50, num_stages=0), 'num_stages=0', AssertionError),
     (dict(depth=18, num_stages=5), 'num_stages=5', AssertionError),
     (dict(depth=18, strides=(1, ), dilations=(1, 1), num_stages=3),
      r'strides=\(1,\) must have num_stages=3', AssertionError),
-    (dict(depth=50, dilations=(1, 1, 1, 1, 1)),
-     r'dilations=\(1, 1, 1, 1, 1\)', AssertionError),
+    (dict(depth=50, dilations=(1, 1, 1, 1, 1)), r'dilations=\(1, 1, 1, 1, 1\)',
+     AssertionError),
     (dict(depth=50, num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1)),
      r'out_indices=\(0, 1, 2, 3\) must be below', AssertionError),
 ])

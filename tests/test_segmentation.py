@@ -230,17 +230,19 @@ def test_deeplabv3plus_config_trains_and_learns(dataset, encoder, prepared,
     kcla = encoder.startswith('kcla')
     log = output_of(
         sys.executable, 'tools/train.py', config, '--work-dir', str(tmp_path),
-        *seg_options(
-            data, 'train_cfg.max_iters=20', 'train_cfg.val_interval=20',
-            'default_hooks.checkpoint.interval=20', 'param_scheduler.0.end=20',
-            'train_dataloader.batch_size=4', 'randomness.seed=0',
-            *TINY_DEEPLAB, *(['model.backbone.head_dim=16'] if kcla else [])))
+        *seg_options(data, 'train_cfg.max_iters=20',
+                     'train_cfg.val_interval=20',
+                     'default_hooks.checkpoint.interval=20',
+                     'param_scheduler.0.end=20',
+                     'train_dataloader.batch_size=4', 'randomness.seed=0',
+                     *TINY_DEEPLAB,
+                     *(['model.backbone.head_dim=16'] if kcla else [])))
     # mmseg's dilated DeepLabV3+ (output stride 8), the backbone swapped.
     model = Config.fromfile(tmp_path / osp.basename(config)).model
     assert model.backbone.type == ('KCLAResNetV1c' if kcla else 'ResNetV1c')
     assert (model.backbone.strides, model.backbone.dilations,
-            model.backbone.contract_dilation) == ((1, 2, 1, 1),
-                                                  (1, 1, 2, 4), True)
+            model.backbone.contract_dilation) == ((1, 2, 1, 1), (1, 1, 2, 4),
+                                                  True)
     assert model.decode_head.type == 'DepthwiseSeparableASPPHead'
     assert model.decode_head.num_classes == 2
     fg = 'polyp' if dataset == 'kvasir-seg' else 'lesion'

@@ -257,7 +257,9 @@ class MMSegCrossLayerResNet(CrossLayerResNetMixin, MMSegResNet):
     """
     res_layer_class = MMSegCrossLayerResLayer
 
-    def __init__(self, depth: int, stem_channels: Optional[int] = None,
+    def __init__(self,
+                 depth: int,
+                 stem_channels: Optional[int] = None,
                  **kwargs):
         if stem_channels is None:
             stem_channels = kwargs.get('base_channels', 64)

@@ -9,7 +9,10 @@ import torch
 
 from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers import KCLALayer, KCLAState
-from kcla_mm.models.layers.kcla_fused import (folded_value, fused_forward,
+from kcla_mm.models.layers.attention_branch import (adapt_state,
+                                                    build_state_adapter)
+from kcla_mm.models.layers.kcla_fused import (folded_renormalise, folded_value,
+                                              folds_renormalise, fused_forward,
                                               fused_query_key,
                                               fused_renormalise)
 from kcla_mm.models.layers.kcla_layer import IMPLEMENTATIONS
@@ -103,6 +106,70 @@ def test_fused_renormalise(float64, case, mode):
     assert_same_values_and_gradients(
         tuple(fused_renormalise(layer, state)),
         tuple(layer.renormalise(state)), state, layer)
+
+
+@pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])
+@pytest.mark.parametrize('stride', [1, 2])
+def test_adapt_state_is_the_grouped_conv(float64, stride, memory_format):
+    """Algorithm 1's grouped 1x1 conv as a matmul: the module's values and
+    gradients, odd sizes included (channels_last runs the module)."""
+    conv = build_state_adapter(None, 128, 256, stride, num_heads=4)
+    a = torch.rand(
+        3, 128, 17,
+        13).contiguous(memory_format=FORMATS[memory_format]).requires_grad_()
+    ours, ref = adapt_state(conv, a), conv(a)
+    assert ours.shape == ref.shape
+    assert_same_values_and_gradients((ours, ), (ref, ), (a, ), conv)
+
+
+@pytest.mark.parametrize('n', [1, 3])
+@pytest.mark.parametrize('case', ['adapt-stride2', 'adapt-stride1', 'renorm'])
+def test_folded_renormalise(float64, case, n):
+    """Algorithm 1 in inference as one matmul: the reference's values for a
+    strided conv over odd sizes (17x13 -> 9x7), a stride-1 conv (a dilated
+    stage) and no conv, with conv groups that split the incoming heads."""
+    if case == 'renorm':
+        layer, _, state = make_case('renorm', n=n)
+    else:
+        layer = randomise_(
+            KCLALayer(
+                256,
+                renorm=True,
+                state_channels=128,
+                state_stride=int(case[-1])))
+        state = KCLAState(
+            torch.rand(n, 128, 17, 13) * 5,
+            torch.rand(n, 2) + 0.5)
+        assert layer.state_adapt.groups == 4  # 32 of a 64-channel head
+    layer.eval()
+    with torch.no_grad():
+        assert folds_renormalise(layer, state)
+        ours, ref = folded_renormalise(layer, state), layer.renormalise(state)
+    assert ours.u.shape == ref.u.shape
+    for a, b in zip(ours, ref):
+        assert_close_to_max(a, b, 1e-12)
+
+
+def test_folded_renormalise_only_in_inference():
+    """With autograd, a training or non-BN norm, channels_last or autocast,
+    Algorithm 1 runs unfolded."""
+    layer, _, state = make_case('adapt')
+    layer.eval()
+    assert not folds_renormalise(layer, state)  # autograd
+    with torch.no_grad():
+        assert folds_renormalise(layer, state)
+        assert not folds_renormalise(
+            layer,
+            KCLAState(
+                state.u.contiguous(memory_format=torch.channels_last),
+                state.z))
+        with torch.autocast('cpu'):
+            assert not folds_renormalise(layer, state)
+        layer.train()
+        assert not folds_renormalise(layer, state)
+        gn_layer, _, _ = make_case('adapt', norm='GN')
+        gn_layer.state_norm = torch.nn.GroupNorm(4, 256).eval()
+        assert not folds_renormalise(gn_layer.eval(), state)
 
 
 @pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])

@@ -23,7 +23,7 @@ from ..models.layers import kcla_compiled, kcla_fused, kcla_recompute
 PHASES: Dict[str, List[Tuple[str, object, str]]] = {
     'compiled': [
         ('Algorithm 1 (re-normalisation), forward', kcla_compiled,
-         'fused_renormalise'),
+         'renormalise_in_forward'),
         ('Algorithm 1 (re-normalisation), forward', kcla_recompute,
          'fused_renormalise'),
         ('Algorithm 1, backward', kcla_recompute, 'grads_of'),
@@ -41,7 +41,7 @@ PHASES: Dict[str, List[Tuple[str, object, str]]] = {
     ],
     'fused': [
         ('Algorithm 1 (re-normalisation), forward', kcla_fused,
-         'fused_renormalise'),
+         'renormalise_in_forward'),
         ('pooled vectors (Q/K, weights, gate), PyTorch', kcla_fused,
          'fused_query_key'),
         ('pooled vectors (Q/K, weights, gate), PyTorch', kcla_fused,

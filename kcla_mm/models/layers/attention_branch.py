@@ -84,6 +84,32 @@ def build_state_adapter(conv_cfg: Optional[dict], state_channels: int,
         bias=False)
 
 
+def is_plain_pointwise(conv: Optional[nn.Module]) -> bool:
+    """Whether ``conv`` is a bias-free 1x1 ``nn.Conv2d`` without padding or
+    dilation, as :func:`build_state_adapter` builds it by default."""
+    return (type(conv) is nn.Conv2d and conv.kernel_size == (1, 1)
+            and conv.padding == (0, 0) and conv.dilation == (1, 1)
+            and conv.bias is None)
+
+
+def adapt_state(adapter: Optional[nn.Module], a: Tensor) -> Tensor:
+    """``adapter(a)`` (None: ``a``), for a plain adapter as a batched matmul
+    over the strided input: on the CPU 2-3x faster than the grouped conv,
+    forward and backward (benchmarks.md). A channels_last input, autocast
+    and other conv types run the module."""
+    if (adapter is None or not is_plain_pointwise(adapter)
+            or not a.is_contiguous() or is_autocast_enabled(a.device.type)):
+        return a if adapter is None else adapter(a)
+    groups, c_out = adapter.groups, adapter.out_channels
+    c_in = a.shape[1]
+    sub = a[:, :, ::adapter.stride[0], ::adapter.stride[1]]
+    n, _, h, w = sub.shape
+    out = torch.matmul(
+        adapter.weight.view(groups, c_out // groups, c_in // groups),
+        sub.reshape(n, groups, c_in // groups, h * w))
+    return out.view(n, c_out, h, w)
+
+
 def zero_branch_scale(channels: int, enabled: bool) -> Optional[nn.Parameter]:
     """The per-channel scale of a branch that starts at zero, or None.
 

@@ -33,7 +33,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...torch_compat import is_autocast_enabled
 from .attention_branch import drop_path_mask
-from .kcla_fused import fused_renormalise
+from .kcla_fused import renormalise_in_forward
 from .kcla_recompute import StateTape, recomputed_forward
 from .kcla_state import STATE_EPS, KCLAState
 
@@ -212,7 +212,7 @@ def compiled_forward(layer: 'KCLALayer',
     if needs_grad:
         return recomputed_forward(layer, x, state, update=compiled_update)
     if state is not None and layer.renorm:
-        state = fused_renormalise(layer, state)
+        state = renormalise_in_forward(layer, state)
     ext = extension()
     w, z, scale = ext.pooled_forward(x, layer.query_conv.weight,
                                      layer.key_conv.weight, layer.tau,

@@ -9,7 +9,9 @@ it (tests/test_kcla_fused.py):
   batch 1 an op on pooled vectors costs microseconds of dispatch, not of
   arithmetic);
 * :func:`fused_renormalise`: Algorithm 1 with the per-head scalings as
-  batched outer products (:func:`head_scaled_add`);
+  batched outer products (:func:`head_scaled_add`), and in inference
+  :func:`folded_renormalise`, one matmul with every scaling folded into the
+  conv's weights;
 * :func:`folded_value`: ``ReLU(Norm(gate * DWConv(U / (Z + eps))))`` with the
   per-head ``gate / (Z + eps)`` (and, for an eval-mode BN, its affine map)
   folded into the depthwise kernel, which is linear and per channel, so
@@ -24,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...torch_compat import is_autocast_enabled
-from .attention_branch import (add_branch, at_least_fp32, bn_affine,
-                               head_scaled_add, is_frozen_bn, scale_branch,
-                               spatial_mean)
+from .attention_branch import (adapt_state, add_branch, at_least_fp32,
+                               bn_affine, head_scaled_add, is_frozen_bn,
+                               is_plain_pointwise, scale_branch, spatial_mean)
 from .kcla_state import STATE_EPS, KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,14 +53,91 @@ def fused_renormalise(
     """:meth:`KCLALayer.renormalise` with batched per-head scalings;
     ``norm`` replaces ``layer.state_norm`` (see :func:`folded_value`)."""
     a = head_scaled_add(None, state.z.reciprocal(), state.u)
-    a = a.to(layer.value_conv.weight.dtype)
-    if layer.state_adapt is not None:
-        a = layer.state_adapt(a)
+    a = adapt_state(layer.state_adapt, a.to(layer.value_conv.weight.dtype))
     a = (layer.state_norm if norm is None else norm)(a)
     key = at_least_fp32(layer.state_key_conv(spatial_mean(a)[:, None])).view(
         -1, layer.num_heads, layer.head_dim)
     z = layer.layer_weight(torch.linalg.vector_norm(key, dim=2))
     return KCLAState(head_scaled_add(None, z, a), z)
+
+
+def folds_renormalise(layer: 'KCLALayer', state: KCLAState) -> bool:
+    """Whether :func:`folded_renormalise` covers Algorithm 1 here: no
+    autograd, an eval-mode BN, a plain 1x1 conv (or none), an NCHW state in
+    the weights' dtype and no autocast."""
+    conv = layer.state_adapt
+    return (not torch.is_grad_enabled() and is_frozen_bn(layer.state_norm)
+            and (conv is None or is_plain_pointwise(conv))
+            and state.u.dtype == layer.value_conv.weight.dtype
+            and state.u.is_contiguous()
+            and not is_autocast_enabled(state.u.device.type))
+
+
+def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
+    """Algorithm 1 in inference (see :func:`folds_renormalise`) as one
+    batched matmul over the state.
+
+    ``U / Z``, the eval BN's affine map and the final ``A Z'`` are per
+    (sample, channel) scalings around the head-grouped 1x1 conv, which is
+    linear: they fold into per-sample conv weights. ``Z'`` comes from the
+    spatial mean of ``A``, which is the same folded map applied to the mean
+    of the conv's (strided) input, so it is known before ``A`` is computed.
+    What is left is a strided read of ``U`` and one matmul, where
+    :func:`fused_renormalise` makes five passes.
+    """
+    u, z = state
+    n, c_in = u.shape[:2]
+    # (N, C_in): 1 / Z of the incoming head of each channel.
+    in_scale = z.reciprocal().to(u.dtype).repeat_interleave(
+        c_in // z.shape[1], dim=1)
+    bn_scale, bn_shift = bn_affine(layer.state_norm)
+    head_dim = layer.head_dim
+    conv = layer.state_adapt
+
+    if conv is None:  # re-normalisation within a stage: no conv
+        scale = in_scale * bn_scale  # (N, C)
+        mean = u.mean((2, 3)) * scale + bn_shift
+        z_new = folded_weights(layer, mean)
+        out_scale = z_new.repeat_interleave(head_dim, dim=1)
+        return KCLAState(
+            torch.addcmul((bn_shift * out_scale)[..., None, None], u,
+                          (scale * out_scale)[..., None, None]), z_new)
+
+    groups = conv.groups
+    c_out = conv.out_channels
+    sub = u[:, :, ::conv.stride[0], ::conv.stride[1]]
+    h, w = sub.shape[2:]
+    sub = sub.reshape(n, groups, c_in // groups, h * w)
+    weight = (
+        conv.weight.view(1, groups, c_out // groups, c_in // groups) *
+        in_scale.view(n, groups, 1, c_in // groups) *
+        bn_scale.view(1, groups, c_out // groups, 1))
+    mean = (weight @ sub.mean(3, keepdim=True)).view(n, c_out) + bn_shift
+    z_new = folded_weights(layer, mean)
+    out_scale = z_new.repeat_interleave(
+        head_dim, dim=1).view(n, groups, c_out // groups, 1)
+    out = torch.baddbmm(
+        (bn_shift.view(1, groups, c_out // groups, 1) * out_scale).view(
+            n * groups, c_out // groups, 1),
+        (weight * out_scale).view(n * groups, c_out // groups, c_in // groups),
+        sub.view(n * groups, c_in // groups, h * w))
+    return KCLAState(out.view(n, c_out, h, w), z_new)
+
+
+def folded_weights(layer: 'KCLALayer', mean: Tensor) -> Tensor:
+    """Algorithm 1's new per-head weights from the spatial mean of the
+    adapted state, as :func:`fused_renormalise` computes them."""
+    key = at_least_fp32(layer.state_key_conv(mean[:, None])).view(
+        -1, layer.num_heads, layer.head_dim)
+    return layer.layer_weight(torch.linalg.vector_norm(key, dim=2))
+
+
+def renormalise_in_forward(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
+    """Algorithm 1 as a forward pass runs it: :func:`folded_renormalise`
+    where it applies (inference), else :func:`fused_renormalise`."""
+    if folds_renormalise(layer, state):
+        return folded_renormalise(layer, state)
+    return fused_renormalise(layer, state)
 
 
 def folded_value(layer: 'KCLALayer',
@@ -136,7 +215,7 @@ def fused_forward(layer: 'KCLALayer',
     updated in place (see ``KCLALayer``'s ``inplace`` argument).
     """
     if state is not None and layer.renorm:
-        state = fused_renormalise(layer, state)
+        state = renormalise_in_forward(layer, state)
     gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
 
     in_place = inplace and not torch.is_grad_enabled()

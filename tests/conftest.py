@@ -21,6 +21,20 @@ def _quiet_and_seeded():
     logger.setLevel(level)
 
 
+@pytest.fixture(autouse=True)
+def _default_scope_restored():
+    """What a test sets as mmengine's default scope (init_default_scope, a
+    Runner) is undone after it: a registry builds from the current default
+    scope's registry, so a scope left at 'mmseg' would make the next test's
+    mmdet MODELS.build(dict(type='KCLAResNet')) build mmseg's class of that
+    name. mmengine has no public call that drops a scope."""
+    from mmengine.registry import DefaultScope
+    scopes = DefaultScope._instance_dict.copy()
+    yield
+    DefaultScope._instance_dict.clear()
+    DefaultScope._instance_dict.update(scopes)
+
+
 @pytest.fixture
 def float64():
     """float64 as the default dtype, so that a difference between two

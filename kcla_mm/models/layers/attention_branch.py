@@ -95,10 +95,12 @@ def is_plain_pointwise(conv: Optional[nn.Module]) -> bool:
 def adapt_state(adapter: Optional[nn.Module], a: Tensor) -> Tensor:
     """``adapter(a)`` (None: ``a``), for a plain adapter as a batched matmul
     over the strided input: on the CPU 2-3x faster than the grouped conv,
-    forward and backward (benchmarks.md). A channels_last input, autocast
-    and other conv types run the module."""
+    forward and backward (benchmarks.md). A channels_last input, autocast,
+    other conv types and tracing (FLOP counts, exports keep the conv) run
+    the module."""
     if (adapter is None or not is_plain_pointwise(adapter)
-            or not a.is_contiguous() or is_autocast_enabled(a.device.type)):
+            or not a.is_contiguous() or is_autocast_enabled(a.device.type)
+            or torch.jit.is_tracing()):
         return a if adapter is None else adapter(a)
     groups, c_out = adapter.groups, adapter.out_channels
     c_in = a.shape[1]

@@ -64,9 +64,11 @@ def fused_renormalise(
 def folds_renormalise(layer: 'KCLALayer', state: KCLAState) -> bool:
     """Whether :func:`folded_renormalise` covers Algorithm 1 here: no
     autograd, an eval-mode BN, a plain 1x1 conv (or none), an NCHW state in
-    the weights' dtype and no autocast."""
+    the weights' dtype, no autocast and no tracing (FLOP counts and exports
+    keep the paper's ops)."""
     conv = layer.state_adapt
-    return (not torch.is_grad_enabled() and is_frozen_bn(layer.state_norm)
+    return (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+            and is_frozen_bn(layer.state_norm)
             and (conv is None or is_plain_pointwise(conv))
             and state.u.dtype == layer.value_conv.weight.dtype
             and state.u.is_contiguous()

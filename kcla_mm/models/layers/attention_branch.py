@@ -103,13 +103,20 @@ def adapt_state(adapter: Optional[nn.Module], a: Tensor) -> Tensor:
             or torch.jit.is_tracing()):
         return a if adapter is None else adapter(a)
     groups, c_out = adapter.groups, adapter.out_channels
-    c_in = a.shape[1]
-    sub = a[:, :, ::adapter.stride[0], ::adapter.stride[1]]
-    n, _, h, w = sub.shape
+    sub, (h, w) = grouped_strided_input(adapter, a)
     out = torch.matmul(
-        adapter.weight.view(groups, c_out // groups, c_in // groups),
-        sub.reshape(n, groups, c_in // groups, h * w))
-    return out.view(n, c_out, h, w)
+        adapter.weight.view(groups, c_out // groups, sub.shape[2]), sub)
+    return out.view(a.shape[0], c_out, h, w)
+
+
+def grouped_strided_input(adapter: nn.Conv2d,
+                          a: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+    """What a plain adapter's groups read of ``a``, as a contiguous
+    (N, groups, C_in / groups, H' W'), and its size (H', W')."""
+    sub = a[:, :, ::adapter.stride[0], ::adapter.stride[1]]
+    n, c_in, h, w = sub.shape
+    return sub.reshape(n, adapter.groups, c_in // adapter.groups,
+                       h * w), (h, w)
 
 
 def zero_branch_scale(channels: int, enabled: bool) -> Optional[nn.Parameter]:

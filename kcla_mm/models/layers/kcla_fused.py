@@ -27,7 +27,8 @@ from torch import Tensor
 
 from ...torch_compat import is_autocast_enabled
 from .attention_branch import (adapt_state, add_branch, at_least_fp32,
-                               bn_affine, head_scaled_add, is_frozen_bn,
+                               bn_affine, grouped_strided_input,
+                               head_scaled_add, is_frozen_bn,
                                is_plain_pointwise, scale_branch, spatial_mean)
 from .kcla_state import STATE_EPS, KCLAState
 
@@ -55,9 +56,7 @@ def fused_renormalise(
     a = head_scaled_add(None, state.z.reciprocal(), state.u)
     a = adapt_state(layer.state_adapt, a.to(layer.value_conv.weight.dtype))
     a = (layer.state_norm if norm is None else norm)(a)
-    key = at_least_fp32(layer.state_key_conv(spatial_mean(a)[:, None])).view(
-        -1, layer.num_heads, layer.head_dim)
-    z = layer.layer_weight(torch.linalg.vector_norm(key, dim=2))
+    z = renormalised_weights(layer, spatial_mean(a))
     return KCLAState(head_scaled_add(None, z, a), z)
 
 
@@ -99,7 +98,7 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
     if conv is None:  # re-normalisation within a stage: no conv
         scale = in_scale * bn_scale  # (N, C)
         mean = u.mean((2, 3)) * scale + bn_shift
-        z_new = folded_weights(layer, mean)
+        z_new = renormalised_weights(layer, mean)
         out_scale = z_new.repeat_interleave(head_dim, dim=1)
         return KCLAState(
             torch.addcmul((bn_shift * out_scale)[..., None, None], u,
@@ -107,15 +106,13 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
 
     groups = conv.groups
     c_out = conv.out_channels
-    sub = u[:, :, ::conv.stride[0], ::conv.stride[1]]
-    h, w = sub.shape[2:]
-    sub = sub.reshape(n, groups, c_in // groups, h * w)
+    sub, (h, w) = grouped_strided_input(conv, u)
     weight = (
         conv.weight.view(1, groups, c_out // groups, c_in // groups) *
         in_scale.view(n, groups, 1, c_in // groups) *
         bn_scale.view(1, groups, c_out // groups, 1))
     mean = (weight @ sub.mean(3, keepdim=True)).view(n, c_out) + bn_shift
-    z_new = folded_weights(layer, mean)
+    z_new = renormalised_weights(layer, mean)
     out_scale = z_new.repeat_interleave(
         head_dim, dim=1).view(n, groups, c_out // groups, 1)
     out = torch.baddbmm(
@@ -126,9 +123,9 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
     return KCLAState(out.view(n, c_out, h, w), z_new)
 
 
-def folded_weights(layer: 'KCLALayer', mean: Tensor) -> Tensor:
-    """Algorithm 1's new per-head weights from the spatial mean of the
-    adapted state, as :func:`fused_renormalise` computes them."""
+def renormalised_weights(layer: 'KCLALayer', mean: Tensor) -> Tensor:
+    """Algorithm 1's new per-head weights Z' from the spatial mean (N, C)
+    of the adapted, normalised state."""
     key = at_least_fp32(layer.state_key_conv(mean[:, None])).view(
         -1, layer.num_heads, layer.head_dim)
     return layer.layer_weight(torch.linalg.vector_norm(key, dim=2))

@@ -64,11 +64,31 @@ void conv3x3_rows(const T* in, T* out, const T* k, int64_t H, int64_t W,
   }
 }
 
+// One edge row of the conv: out[j] = sum_b (ka[b] ra[j + b - 1] +
+// kb[b] rb[j + b - 1]), the two input rows next to it (the third is
+// outside the plane), zero padded at both ends. W >= 2.
+template <typename T>
+KCLA_CLONES void conv3x3_edge_row(const T* __restrict ra,
+                                  const T* __restrict rb, T* __restrict out,
+                                  const T* ka, const T* kb, int64_t W) {
+  const T a0 = ka[0], a1 = ka[1], a2 = ka[2], b0 = kb[0], b1 = kb[1],
+          b2 = kb[2];
+#pragma omp simd
+  for (int64_t j = 1; j < W - 1; ++j)
+    out[j] = a0 * ra[j - 1] + a1 * ra[j] + a2 * ra[j + 1] + b0 * rb[j - 1] +
+             b1 * rb[j] + b2 * rb[j + 1];
+  out[0] = a1 * ra[0] + a2 * ra[1] + b1 * rb[0] + b2 * rb[1];
+  out[W - 1] = a0 * ra[W - 2] + a1 * ra[W - 1] + b0 * rb[W - 2] +
+               b1 * rb[W - 1];
+}
+
 // The 3x3 depthwise conv of one plane (as conv3x3_rows for all rows). Rows
 // 1 .. H-2 run as one flat loop, so that the vectors span whole rows
 // instead of restarting every W (56 or fewer) values; its first and last
 // columns pick up taps wrapped from the neighbouring rows and are
-// recomputed after it.
+// recomputed after it. The first and last rows have vector loops of their
+// own: done tap by tap with bounds checks they took as long as all the
+// other rows of a 14x14 plane.
 template <typename T>
 KCLA_CLONES void conv3x3(const T* __restrict in, T* __restrict out,
                          const T* __restrict k, int64_t H, int64_t W) {
@@ -93,8 +113,9 @@ KCLA_CLONES void conv3x3(const T* __restrict in, T* __restrict out,
     out[i * W + W - 1] = k0 * r0[W - 2] + k1 * r0[W - 1] + k3 * r1[W - 2] +
                          k4 * r1[W - 1] + k6 * r2[W - 2] + k7 * r2[W - 1];
   }
-  conv3x3_rows(in, out, k, H, W, 0, 1);
-  conv3x3_rows(in, out, k, H, W, H - 1, H);
+  conv3x3_edge_row(in, in + W, out, k + 3, k + 6, W);
+  conv3x3_edge_row(in + (H - 2) * W, in + (H - 1) * W, out + (H - 1) * W, k,
+                   k + 3, W);
 }
 
 // sum_p p[p] over n values.
@@ -133,32 +154,66 @@ KCLA_CLONES double centered_square(const T* __restrict p, T mean,
 // position (i, j) that lie inside the plane.
 template <typename T>
 void add_exact_taps(const T* g, const T* in, double* gk, int64_t H, int64_t W,
-                    int64_t i, int64_t j, double sign = 1.0) {
+                    int64_t i, int64_t j) {
   for (int64_t a = 0; a < 3; ++a) {
     const int64_t r = i + a - 1;
     if (r < 0 || r >= H) continue;
     for (int64_t b = 0; b < 3; ++b) {
       const int64_t col = j + b - 1;
       if (col >= 0 && col < W)
-        gk[3 * a + b] += sign * double(g[i * W + j]) * in[r * W + col];
+        gk[3 * a + b] += double(g[i * W + j]) * in[r * W + col];
     }
   }
 }
 
-// The nine flat-loop taps of position p (neighbours wrapped across rows),
-// taken off again where the flat loop got them wrong.
+// gk[3 ra + b] += sum_j g[j] in_a[j + b - 1] and gk[3 rb + b] +=
+// sum_j g[j] in_b[j + b - 1] (valid taps only) for one edge row g whose
+// neighbours in the other direction are outside the plane. W >= 2.
 template <typename T>
-void sub_wrapped_taps(const T* g, const T* in, double* gk, int64_t W,
-                      int64_t p) {
-  for (int64_t a = 0; a < 3; ++a)
-    for (int64_t b = 0; b < 3; ++b)
-      gk[3 * a + b] -= double(g[p]) * in[p + (a - 1) * W + (b - 1)];
+KCLA_CLONES void kernel_grad_edge_row(const T* __restrict g,
+                                      const T* __restrict in_a,
+                                      const T* __restrict in_b, double* gk,
+                                      int64_t ra, int64_t rb, int64_t W) {
+  double a[3] = {0, 0, 0}, b[3] = {0, 0, 0};
+  for (int64_t b0 = 1; b0 < W - 1; b0 += kBlock) {
+    const int64_t b1 = std::min(W - 1, b0 + kBlock);
+    T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5)
+    for (int64_t j = b0; j < b1; ++j) {
+      const T gj = g[j];
+      s0 += gj * in_a[j - 1];
+      s1 += gj * in_a[j];
+      s2 += gj * in_a[j + 1];
+      s3 += gj * in_b[j - 1];
+      s4 += gj * in_b[j];
+      s5 += gj * in_b[j + 1];
+    }
+    a[0] += s0;
+    a[1] += s1;
+    a[2] += s2;
+    b[0] += s3;
+    b[1] += s4;
+    b[2] += s5;
+  }
+  const double first = g[0], last = g[W - 1];
+  a[1] += first * in_a[0] + last * in_a[W - 1];
+  a[2] += first * in_a[1];
+  a[0] += last * in_a[W - 2];
+  b[1] += first * in_b[0] + last * in_b[W - 1];
+  b[2] += first * in_b[1];
+  b[0] += last * in_b[W - 2];
+  for (int t = 0; t < 3; ++t) {
+    gk[3 * ra + t] += a[t];
+    gk[3 * rb + t] += b[t];
+  }
 }
 
 // gk[3a + b] += sum_{i, j} g[i, j] in[i + a - 1, j + b - 1] (valid taps
 // only): the kernel gradient of conv3x3, in one flat pass over rows
-// 1 .. H-2 with nine vector accumulators, then the border: rows 0 and
-// H-1 and, in between, columns 0 and W-1 (whose flat taps wrapped).
+// 1 .. H-2 with nine vector accumulators, then the border: the taps that
+// the flat pass wrapped across rows at columns 0 and W-1 taken off (and
+// the two positions at its ends added), and rows 0 and H-1 in vector loops
+// of their own.
 template <typename T>
 KCLA_CLONES void conv3x3_kernel_grad(const T* __restrict g,
                                      const T* __restrict in, double* gk,
@@ -195,17 +250,30 @@ KCLA_CLONES void conv3x3_kernel_grad(const T* __restrict g,
     gk[7] += s7;
     gk[8] += s8;
   }
+  // Column 0 of rows 2 .. H-2 got its left taps (b = 0) from the end of
+  // the row above; column W-1 of rows 1 .. H-3 its right taps (b = 2) from
+  // the start of the row below. The flat range misses (1, 0) and
+  // (H-2, W-1), whose valid taps are added.
   for (int64_t i = 1; i < H - 1; ++i) {
-    for (int64_t j : {int64_t(0), W - 1}) {
-      const int64_t p = i * W + j;
-      if (p >= begin && p < end) sub_wrapped_taps(g, in, gk, W, p);
-      add_exact_taps(g, in, gk, H, W, i, j);
+    const int64_t left = i * W, right = i * W + W - 1;
+    if (left >= begin) {
+      const double gl = g[left];
+      for (int64_t a = 0; a < 3; ++a)
+        gk[3 * a] -= gl * in[left + (a - 1) * W - 1];
+    } else {
+      add_exact_taps(g, in, gk, H, W, i, 0);
+    }
+    if (right < end) {
+      const double gr = g[right];
+      for (int64_t a = 0; a < 3; ++a)
+        gk[3 * a + 2] -= gr * in[right + (a - 1) * W + 1];
+    } else {
+      add_exact_taps(g, in, gk, H, W, i, W - 1);
     }
   }
-  for (int64_t j = 0; j < W; ++j) {
-    add_exact_taps(g, in, gk, H, W, 0, j);
-    add_exact_taps(g, in, gk, H, W, H - 1, j);
-  }
+  kernel_grad_edge_row(g, in, in + W, gk, 1, 2, W);
+  kernel_grad_edge_row(g + (H - 1) * W, in + (H - 2) * W, in + (H - 1) * W,
+                       gk, 0, 1, W);
 }
 
 // out = (prev ? prev : 0) + w x. out may be prev (in-place update).

@@ -83,7 +83,8 @@ def random_args(n, c, h, w, heads, dtype, first, batch_stats, masked, scaled):
             branch_scale, mask)
 
 
-SIZES = [(1, 1), (1, 5), (5, 1), (2, 2), (2, 3), (3, 3), (4, 7), (9, 7), (5, 19)]
+SIZES = [(1, 1), (1, 5), (5, 1), (2, 2), (2, 3), (3, 3), (4, 7), (9, 7),
+         (5, 19)]
 
 
 @pytest.mark.parametrize('n,size',

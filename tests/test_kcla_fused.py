@@ -10,7 +10,8 @@ import torch
 from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.attention_branch import (adapt_state,
-                                                    build_state_adapter)
+                                                    build_state_adapter,
+                                                    scaled_adapt)
 from kcla_mm.models.layers.kcla_fused import (folded_renormalise, folded_value,
                                               folds_renormalise, fused_forward,
                                               fused_query_key,
@@ -120,6 +121,22 @@ def test_adapt_state_is_the_grouped_conv(float64, stride, memory_format):
     ours, ref = adapt_state(conv, a), conv(a)
     assert ours.shape == ref.shape
     assert_same_values_and_gradients((ours, ), (ref, ), (a, ), conv)
+
+
+@pytest.mark.parametrize('stride', [1, 2])
+def test_scaled_adapt_is_the_conv_of_the_scaled_state(float64, stride):
+    """Algorithm 1's ``conv(U / Z)`` with the scaling in per-sample
+    weights: values and the gradients of the state, the per-channel scales
+    and the conv's weights, over odd sizes, with conv groups (8) that split
+    the incoming heads (4)."""
+    conv = build_state_adapter(None, 128, 256, stride, num_heads=8)
+    a = torch.rand(3, 128, 17, 13).requires_grad_()
+    in_scale = torch.rand(3, 4).add(0.5).repeat_interleave(
+        32, dim=1).requires_grad_()
+    ours = scaled_adapt(conv, a, in_scale)
+    ref = conv(a * in_scale[..., None, None])
+    assert ours.shape == ref.shape
+    assert_same_values_and_gradients((ours, ), (ref, ), (a, in_scale), conv)
 
 
 @pytest.mark.parametrize('n', [1, 3])

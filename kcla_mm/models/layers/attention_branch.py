@@ -92,21 +92,42 @@ def is_plain_pointwise(conv: Optional[nn.Module]) -> bool:
             and conv.bias is None)
 
 
+def matmul_adapts(adapter: Optional[nn.Module], a: Tensor) -> bool:
+    """Whether :func:`adapt_state` and :func:`scaled_adapt` run ``adapter``
+    as a batched matmul over the strided input: a plain adapter, a
+    contiguous input, no autocast and no tracing (FLOP counts and exports
+    keep the conv)."""
+    return (is_plain_pointwise(adapter) and a.is_contiguous()
+            and not is_autocast_enabled(a.device.type)
+            and not torch.jit.is_tracing())
+
+
 def adapt_state(adapter: Optional[nn.Module], a: Tensor) -> Tensor:
-    """``adapter(a)`` (None: ``a``), for a plain adapter as a batched matmul
-    over the strided input: on the CPU 2-3x faster than the grouped conv,
-    forward and backward (benchmarks.md). A channels_last input, autocast,
-    other conv types and tracing (FLOP counts, exports keep the conv) run
-    the module."""
-    if (adapter is None or not is_plain_pointwise(adapter)
-            or not a.is_contiguous() or is_autocast_enabled(a.device.type)
-            or torch.jit.is_tracing()):
+    """``adapter(a)`` (None: ``a``), as a batched matmul where
+    :func:`matmul_adapts`: on the CPU 2-3x faster than the grouped conv,
+    forward and backward (benchmarks.md). Other cases run the module."""
+    if adapter is None or not matmul_adapts(adapter, a):
         return a if adapter is None else adapter(a)
     groups, c_out = adapter.groups, adapter.out_channels
     sub, (h, w) = grouped_strided_input(adapter, a)
     out = torch.matmul(
         adapter.weight.view(groups, c_out // groups, sub.shape[2]), sub)
     return out.view(a.shape[0], c_out, h, w)
+
+
+def scaled_adapt(adapter: nn.Conv2d, a: Tensor, in_scale: Tensor) -> Tensor:
+    """``adapter(a * in_scale[..., None, None])`` for a plain adapter
+    (:func:`matmul_adapts`) and one scale per (sample, input channel):
+    the scale goes into per-sample copies of the adapter's weights, so that
+    it is applied to the weights instead of to every value of ``a`` (whose
+    size is 4x the output's at stride 2), forward and backward."""
+    n, c_in = in_scale.shape
+    groups, c_out = adapter.groups, adapter.out_channels
+    sub, (h, w) = grouped_strided_input(adapter, a)
+    weight = (
+        adapter.weight.view(1, groups, c_out // groups, c_in // groups) *
+        in_scale.view(n, groups, 1, c_in // groups))
+    return (weight @ sub).view(n, c_out, h, w)
 
 
 def grouped_strided_input(adapter: nn.Conv2d,

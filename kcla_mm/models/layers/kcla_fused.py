@@ -8,8 +8,10 @@ it (tests/test_kcla_fused.py):
 * :func:`fused_query_key`: Q and K in one conv1d of two output channels (at
   batch 1 an op on pooled vectors costs microseconds of dispatch, not of
   arithmetic);
-* :func:`fused_renormalise`: Algorithm 1 with the per-head scalings as
-  batched outer products (:func:`head_scaled_add`), and in inference
+* :func:`fused_renormalise`: Algorithm 1 with ``1 / Z`` in per-sample
+  copies of the adapter's weights (:func:`.scaled_adapt`) and the final
+  scaling as a batched outer product (:func:`head_scaled_add`), and in
+  inference
   :func:`folded_renormalise`, one matmul with every scaling folded into the
   conv's weights;
 * :func:`folded_value`: ``ReLU(Norm(gate * DWConv(U / (Z + eps))))`` with the
@@ -29,7 +31,8 @@ from ...torch_compat import is_autocast_enabled
 from .attention_branch import (adapt_state, add_branch, at_least_fp32,
                                bn_affine, grouped_strided_input,
                                head_scaled_add, is_frozen_bn,
-                               is_plain_pointwise, scale_branch, spatial_mean)
+                               is_plain_pointwise, matmul_adapts, scale_branch,
+                               scaled_adapt, spatial_mean)
 from .kcla_state import STATE_EPS, KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,13 +54,27 @@ def fused_renormalise(
         layer: 'KCLALayer',
         state: KCLAState,
         norm: Optional[Callable[[Tensor], Tensor]] = None) -> KCLAState:
-    """:meth:`KCLALayer.renormalise` with batched per-head scalings;
-    ``norm`` replaces ``layer.state_norm`` (see :func:`folded_value`)."""
-    a = head_scaled_add(None, state.z.reciprocal(), state.u)
-    a = adapt_state(layer.state_adapt, a.to(layer.value_conv.weight.dtype))
+    """:meth:`KCLALayer.renormalise` with fewer passes over the state:
+    ``U / Z`` as weights of the adapter's matmul where it runs as one
+    (:func:`.matmul_adapts`), else a batched outer product, as is the final
+    ``A Z'``; ``norm`` replaces ``layer.state_norm`` (see
+    :func:`folded_value`)."""
+    u, z = state
+    conv = layer.state_adapt
+    if (conv is not None and u.dtype == layer.value_conv.weight.dtype
+            and matmul_adapts(conv, u)):
+        a = scaled_adapt(conv, u, channel_reciprocal(z, u.shape[1]))
+    else:
+        a = head_scaled_add(None, z.reciprocal(), u)
+        a = adapt_state(conv, a.to(layer.value_conv.weight.dtype))
     a = (layer.state_norm if norm is None else norm)(a)
     z = renormalised_weights(layer, spatial_mean(a))
     return KCLAState(head_scaled_add(None, z, a), z)
+
+
+def channel_reciprocal(z: Tensor, channels: int) -> Tensor:
+    """(N, C): 1 / Z of the head of each of the state's ``channels``."""
+    return z.reciprocal().repeat_interleave(channels // z.shape[1], dim=1)
 
 
 def folds_renormalise(layer: 'KCLALayer', state: KCLAState) -> bool:
@@ -88,9 +105,7 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
     """
     u, z = state
     n, c_in = u.shape[:2]
-    # (N, C_in): 1 / Z of the incoming head of each channel.
-    in_scale = z.reciprocal().to(u.dtype).repeat_interleave(
-        c_in // z.shape[1], dim=1)
+    in_scale = channel_reciprocal(z, c_in)
     bn_scale, bn_shift = bn_affine(layer.state_norm)
     head_dim = layer.head_dim
     conv = layer.state_adapt

@@ -111,7 +111,8 @@ def test_branch_kernels_are_the_torch_ops(ext, size, n, batch_stats, variant):
     out, u, got_mean, got_var = ext.branch_forward(x, u_prev, w, scale, kernel,
                                                    gamma, beta, mean, var,
                                                    batch_stats, eps,
-                                                   branch_scale, mask, False)
+                                                   branch_scale, mask, False,
+                                                   False)
 
     leaves = [
         t for t in (x, u_prev, w, scale, kernel, gamma, beta, branch_scale)
@@ -170,12 +171,17 @@ def test_large_planes_keep_fp32_precision(ext):
         None if t is None or isinstance(t, float) else t.float() for t in args
     ]
     f32[9] = args[9]
-    out, u, _, _ = ext.branch_forward(*f32[:9], True, *f32[9:], False)
+    out, u, _, _ = ext.branch_forward(*f32[:9], True, *f32[9:], False, False)
     assert_close_to_max(out.double(), want_out, 1e-5)
     assert_close_to_max(u.double(), want_u, 1e-6)
 
 
-def test_in_place_inference_writes_into_its_inputs(ext):
+@pytest.mark.parametrize('out_in_place', [False, True])
+@pytest.mark.parametrize('state_in_place', [False, True])
+def test_in_place_inference_writes_into_its_inputs(ext, out_in_place,
+                                                   state_in_place):
+    """The output over x, U^t over U^{t-1}: each where asked, and only
+    there."""
     args = random_args(
         2,
         8,
@@ -190,8 +196,11 @@ def test_in_place_inference_writes_into_its_inputs(ext):
     x, u_prev = args[0].clone(), args[1].clone()
     want_out, want_u = branch_in_torch(*args)
     out, u, _, _ = ext.branch_forward(x, u_prev, *args[2:9], False, *args[9:],
-                                      True)
-    assert out.data_ptr() == x.data_ptr() and u.data_ptr() == u_prev.data_ptr()
+                                      out_in_place, state_in_place)
+    assert (out.data_ptr() == x.data_ptr()) is out_in_place
+    assert (u.data_ptr() == u_prev.data_ptr()) is state_in_place
+    assert torch.equal(x, args[0]) is not out_in_place
+    assert torch.equal(u_prev, args[1]) is not state_in_place
     assert_close_to_max(out, want_out, 1e-5)
     assert_close_to_max(u, want_u, 1e-6)
 
@@ -206,7 +215,15 @@ def test_pooled_kernel_is_the_torch_ops(ext, float64, carry):
     w, z, scale = ext.pooled_forward(x, layer.query_conv.weight,
                                      layer.key_conv.weight, layer.tau,
                                      layer.clamp, layer.head_mix.weight,
-                                     z_prev, STATE_EPS)
+                                     z_prev, STATE_EPS, None)
+    # The same from precomputed plane means (x not read).
+    from_means = ext.pooled_forward(
+        torch.empty(3, 256, 9, 7).fill_(float('nan')), layer.query_conv.weight,
+        layer.key_conv.weight, layer.tau, layer.clamp, layer.head_mix.weight,
+        z_prev, STATE_EPS,
+        x.double().mean((2, 3)))
+    for ours, theirs in zip(from_means, (w, z, scale)):
+        assert_close_to_max(ours, theirs, 1e-12)
     gate, want_w = gate_and_weight(layer, *fused_query_key(layer, x))
     want_z = want_w if z_prev is None else z_prev + want_w
     assert_close_to_max(w, want_w, 1e-12)

@@ -300,6 +300,26 @@ KCLA_CLONES void relu_residual(T* out, const T* x, const T* __restrict v,
   }
 }
 
+// out = max(a (pre - mean) + beta + identity, 0); returns sum out.
+template <typename T>
+KCLA_CLONES double relu_add_norm(T* __restrict out, const T* __restrict pre,
+                                 const T* __restrict identity, T mean, T a,
+                                 T beta, int64_t n) {
+  double total = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t p = b0; p < b1; ++p) {
+      const T y = std::max(a * (pre[p] - mean) + beta + identity[p], T(0));
+      out[p] = y;
+      sum += y;
+    }
+    total += sum;
+  }
+  return total;
+}
+
 // Backward through out = x + m b ReLU(y), y = a (v - mean) + beta, given
 // dL/dout: writes dL/dy and returns in sums (sum dL/dy, sum dL/dy vhat,
 // sum dL/d(b ReLU) ReLU), vhat = (v - mean) invstd.
@@ -404,7 +424,8 @@ const T* optional_ptr(const c10::optional<Tensor>& t) {
 
 // Forward. Returns (out, U^t, mean, var); mean and var are the statistics
 // the norm applied (the batch's, biased, when batch_stats; else the given
-// running ones), in x's dtype.
+// running ones), in x's dtype. inplace writes out over x, state_inplace
+// U^t over U^{t-1}.
 std::vector<Tensor> branch_forward(
     const Tensor& x, const c10::optional<Tensor>& u_prev, const Tensor& w,
     const Tensor& scale, const Tensor& kernel,
@@ -412,11 +433,12 @@ std::vector<Tensor> branch_forward(
     const c10::optional<Tensor>& running_mean,
     const c10::optional<Tensor>& running_var, bool batch_stats, double eps,
     const c10::optional<Tensor>& branch_scale,
-    const c10::optional<Tensor>& mask, bool inplace) {
+    const c10::optional<Tensor>& mask, bool inplace, bool state_inplace) {
   const Geometry g = geometry(x, w);
   const int64_t HW = g.H * g.W, planes = g.N * g.C;
   Tensor out = inplace ? x : at::empty_like(x);
-  Tensor u_new = (inplace && u_prev.has_value()) ? *u_prev : at::empty_like(x);
+  Tensor u_new =
+      (state_inplace && u_prev.has_value()) ? *u_prev : at::empty_like(x);
   Tensor mean = at::empty({g.C}, x.options());
   Tensor var = at::empty({g.C}, x.options());
 
@@ -666,12 +688,15 @@ std::vector<Tensor> branch_backward(
 // weight w = exp(min(||K_h|| / tau_h, clamp)), the gate
 // sigmoid(Phi(<Q_h, K_h> / ||K_h||)), Z^t = Z^{t-1} + w and
 // scale = gate / (Z^t + state_eps). Returns (w, Z^t, scale), (N, heads),
-// in x's dtype. No autograd: training keeps the PyTorch ops.
+// in x's dtype. No autograd: training keeps the PyTorch ops. ``means``,
+// where given, are x's plane means (N, C) in float64, as block_tail_forward
+// returns them, and x is not read.
 std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
                                    const Tensor& key_weight, const Tensor& tau,
                                    double clamp, const Tensor& head_mix,
                                    const c10::optional<Tensor>& z_prev,
-                                   double state_eps) {
+                                   double state_eps,
+                                   const c10::optional<Tensor>& means) {
   TORCH_CHECK(x.dim() == 4, "kcla pooled_forward: x must be (N, C, H, W)");
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
   const int64_t heads = tau.size(0), head_dim = C / heads;
@@ -682,11 +707,19 @@ std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
   std::vector<double> pooled(N * C);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_pooled_forward", [&] {
     using T = scalar_t;
-    const T* xp = x.data_ptr<T>();
-    at::parallel_for(0, N * C, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t nc = begin; nc < end; ++nc)
-        pooled[nc] = flat_sum<T>(xp + nc * HW, HW) / HW;
-    });
+    if (means.has_value() && means->defined()) {
+      TORCH_CHECK(means->scalar_type() == at::kDouble &&
+                      means->numel() == N * C && means->is_contiguous(),
+                  "kcla pooled_forward: means must be (N, C) float64");
+      const double* mp = means->data_ptr<double>();
+      std::copy(mp, mp + N * C, pooled.begin());
+    } else {
+      const T* xp = x.data_ptr<T>();
+      at::parallel_for(0, N * C, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t nc = begin; nc < end; ++nc)
+          pooled[nc] = flat_sum<T>(xp + nc * HW, HW) / HW;
+      });
+    }
     const T* qw = query_weight.data_ptr<T>();
     const T* kw = key_weight.data_ptr<T>();
     const T* taup = tau.data_ptr<T>();
@@ -732,6 +765,52 @@ std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
   return {w, z, scale};
 }
 
+// The end of a residual block in inference, fused with the plane means
+// that pooled_forward needs: x = ReLU(BN(pre) + identity), BN with its
+// running statistics, per plane (n, c):
+//   x = max(a_c (pre - mean_c) + beta_c + identity, 0)
+// (centred first, as PyTorch's BN). Returns (x, its plane means (N, C) in
+// float64). Where the block ran its norm, add and ReLU as three ops over
+// memory and the layer a fourth to pool, this is one.
+std::vector<Tensor> block_tail_forward(const Tensor& pre,
+                                       const Tensor& identity,
+                                       const c10::optional<Tensor>& gamma,
+                                       const c10::optional<Tensor>& beta,
+                                       const Tensor& running_mean,
+                                       const Tensor& running_var, double eps) {
+  TORCH_CHECK(pre.dim() == 4 && pre.sizes() == identity.sizes() &&
+                  pre.is_contiguous() && identity.is_contiguous() &&
+                  pre.scalar_type() == identity.scalar_type(),
+              "kcla block_tail_forward: pre and identity must be contiguous "
+              "(N, C, H, W) tensors of one shape and dtype");
+  const int64_t N = pre.size(0), C = pre.size(1),
+                HW = pre.size(2) * pre.size(3);
+  Tensor x = at::empty_like(pre);
+  Tensor means = at::empty({N, C}, pre.options().dtype(at::kDouble));
+  AT_DISPATCH_FLOATING_TYPES(pre.scalar_type(), "kcla_block_tail", [&] {
+    using T = scalar_t;
+    const T* pp = pre.data_ptr<T>();
+    const T* ip = identity.data_ptr<T>();
+    const T* gp = optional_ptr<T>(gamma);
+    const T* bp = optional_ptr<T>(beta);
+    const T* rmp = running_mean.data_ptr<T>();
+    const T* rvp = running_var.data_ptr<T>();
+    T* xp = x.data_ptr<T>();
+    double* mp = means.data_ptr<double>();
+    at::parallel_for(0, N * C, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t nc = begin; nc < end; ++nc) {
+        const int64_t c = nc % C;
+        const ChannelNorm cn = channel_norm(rmp[c], rvp[c], eps,
+                                            gp ? gp[c] : 1.0, bp ? bp[c] : 0.0);
+        mp[nc] = relu_add_norm<T>(xp + nc * HW, pp + nc * HW, ip + nc * HW,
+                                  T(cn.mean), T(cn.a), T(cn.beta), HW) /
+                 HW;
+      }
+    });
+  });
+  return {x, means};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -742,6 +821,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pooled_forward", &pooled_forward,
         "Queries, keys, layer weight, gate and state normaliser of one "
         "layer, without autograd");
+  m.def("block_tail_forward", &block_tail_forward,
+        "A residual block's norm, residual add and ReLU in inference, with "
+        "the plane means of the result");
   m.def("branch_backward", &branch_backward,
         "Backward of branch_forward, recomputing the state and the conv");
 }

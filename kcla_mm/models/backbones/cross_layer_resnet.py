@@ -25,6 +25,7 @@ from mmseg.models.utils import ResLayer as MMSegResLayer
 from torch import Tensor
 
 from .errors import BackboneAssertionError, BackboneKeyError
+from .fused_block_tail import fused_block_and_kcla
 
 # make_attention(channels, block_index, state_channels, state_stride)
 AttentionFactory = Callable[[int, int, Optional[int], int], nn.Module]
@@ -67,8 +68,12 @@ class CrossLayerResLayerMixin:
 
     def forward(self, x: Tensor, state) -> Tuple[Tensor, object]:
         for block in self:
-            x = block(x)
             attention = getattr(block, self.attention_name)
+            fused = fused_block_and_kcla(block, attention, x, state)
+            if fused is not None:
+                x, state = fused
+                continue
+            x = block(x)
             # A layer that recomputes its own backward keeps little
             # already, and its nodes read each other's saved tensors, which
             # a checkpoint would allow to be unpacked only once.

@@ -152,8 +152,9 @@ class CompiledUpdate(torch.autograd.Function):
         batch_stats = uses_batch_stats(norm)
         out, u, mean, var = extension().branch_forward(
             x, u_prev, w, scale, kernel, gamma, beta,
-            *norm_args(norm, batch_stats)[2:], batch_stats, norm.eps,
-            branch_scale, None if mask is None else mask.view(-1), False)
+            *norm_args(norm,
+                       batch_stats)[2:], batch_stats, norm.eps, branch_scale,
+            None if mask is None else mask.view(-1), False, False)
         if batch_stats:
             update_running_stats(norm, mean, var, x.numel() // x.shape[1])
         ctx.layer, ctx.tape, ctx.step = layer, tape, step
@@ -202,11 +203,18 @@ def compiled_update(layer: 'KCLALayer', tape: StateTape, step: int,
 def compiled_forward(layer: 'KCLALayer',
                      x: Tensor,
                      state: Optional[KCLAState],
-                     inplace: bool = False) -> Tuple[Tensor, KCLAState]:
+                     inplace: bool = False,
+                     means: Optional[Tensor] = None,
+                     overwrite_x: bool = False) -> Tuple[Tensor, KCLAState]:
     """:meth:`KCLALayer.forward_reference` in the kernels (see
     :func:`compiled_applies`); a train step goes through
     :func:`.recomputed_forward`'s tape, other calls straight to the
-    kernels (``inplace`` as in :func:`.fused_forward`)."""
+    kernels (``inplace`` as in :func:`.fused_forward`).
+
+    Without autograd, ``means`` may give ``x``'s plane means (N, C) in
+    float64, and ``overwrite_x`` let the output be written over ``x`` (the
+    state is still not updated in place): both for a caller that made
+    ``x`` itself (:mod:`..backbones.fused_block_tail`)."""
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(
         p.requires_grad for p in layer.parameters()))
     if needs_grad:
@@ -218,7 +226,7 @@ def compiled_forward(layer: 'KCLALayer',
                                      layer.key_conv.weight, layer.tau,
                                      layer.clamp, layer.head_mix.weight,
                                      None if state is None else state.z,
-                                     STATE_EPS)
+                                     STATE_EPS, means)
     norm = layer.norm
     batch_stats = uses_batch_stats(norm)
     mask = drop_path_mask(x, layer.drop_path, layer.training)
@@ -227,7 +235,8 @@ def compiled_forward(layer: 'KCLALayer',
         x,
         None if state is None else state.u, w, scale, layer.value_conv.weight,
         *norm_args(norm, batch_stats), batch_stats, norm.eps,
-        layer.branch_scale, None if mask is None else mask.view(-1), in_place)
+        layer.branch_scale, None if mask is None else mask.view(-1), in_place
+        or (overwrite_x and not torch.is_grad_enabled()), in_place)
     if batch_stats:
         update_running_stats(norm, mean, var, x.numel() // x.shape[1])
     return out, KCLAState(u, z)

@@ -1,0 +1,96 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""A residual block and the KCLA layer after it, in inference, with the
+block's last norm, residual add and ReLU fused into the compiled kernels.
+
+The block ends in ``ReLU(Norm(conv(.)) + identity)``: three passes over
+memory in eager PyTorch (the ReLU and the add in place), and the KCLA layer
+then reads the result once more for its pooled vectors and again for its
+branch. :func:`fused_block_and_kcla` runs the block's own modules up to its
+last conv, then one kernel for the norm (running statistics), the add, the
+ReLU and the plane means, and writes the layer's output over that fresh
+block output, which nothing else holds.
+
+It applies only where nothing could tell the difference: no autograd, a
+block and layer in eval mode, one of mmdet's or mmseg's plain ``BasicBlock``
+/ ``Bottleneck`` classes exactly (a subclass may change ``forward``),
+without plugins, a BatchNorm with running statistics at its end, no hooks
+on the block, its last norm, its ReLU or the layer (nor global module
+hooks: they would not see the skipped calls), and the layer's compiled
+kernels applicable (:func:`.compiled_applies`). Everything else runs
+``block`` and ``layer`` as modules. Tested against that in
+tests/test_fused_block_tail.py.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+from mmdet.models.backbones.resnet import BasicBlock, Bottleneck
+from mmseg.models.backbones.resnet import BasicBlock as MMSegBasicBlock
+from mmseg.models.backbones.resnet import Bottleneck as MMSegBottleneck
+from torch import Tensor
+from torch.nn.modules import module as module_hooks
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..layers.kcla_compiled import (compiled_applies, compiled_forward,
+                                    extension)
+from ..layers.kcla_layer import KCLALayer
+from ..layers.kcla_state import KCLAState
+
+BASIC_BLOCKS = (BasicBlock, MMSegBasicBlock)
+BOTTLENECKS = (Bottleneck, MMSegBottleneck)
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` has forward (pre-)hooks of its own."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def tail_norm(block: nn.Module) -> nn.Module:
+    """The norm before the block's residual add."""
+    return block.norm3 if type(block) in BOTTLENECKS else block.norm2
+
+
+def tail_fuses(block: nn.Module, layer: nn.Module, x: Tensor,
+               state: Optional[KCLAState]) -> bool:
+    """Whether :func:`fused_block_and_kcla` applies (module docstring)."""
+    if (torch.is_grad_enabled()
+            or type(block) not in BASIC_BLOCKS + BOTTLENECKS
+            or not isinstance(layer, KCLALayer)):
+        return False
+    norm = tail_norm(block)
+    return (not block.training and not layer.training
+            and not getattr(block, 'with_plugins', False)
+            and isinstance(norm, _BatchNorm) and not norm.training
+            and norm.running_mean is not None
+            and norm.running_mean.dtype == x.dtype
+            and layer.implementation in ('auto', 'compiled')
+            and not any(map(has_hooks, (block, norm, block.relu, layer)))
+            and not module_hooks._global_forward_hooks
+            and not module_hooks._global_forward_pre_hooks
+            and compiled_applies(layer, x, state))
+
+
+def fused_block_and_kcla(
+        block: nn.Module, layer: KCLALayer, x: Tensor,
+        state: Optional[KCLAState]) -> Optional[Tuple[Tensor, KCLAState]]:
+    """``layer(block(x), state)`` with the block's tail fused into the
+    kernels where :func:`tail_fuses`; None (nothing run) elsewhere."""
+    if not tail_fuses(block, layer, x, state):
+        return None
+    # The block's forward (mmdet's and mmseg's alike) up to its last conv.
+    out = block.relu(block.norm1(block.conv1(x)))
+    if type(block) in BOTTLENECKS:
+        out = block.relu(block.norm2(block.conv2(out)))
+        pre = block.conv3(out)
+    else:
+        pre = block.conv2(out)
+    identity = x if block.downsample is None else block.downsample(x)
+    norm = tail_norm(block)
+    block_out, means = extension().block_tail_forward(pre.contiguous(),
+                                                      identity.contiguous(),
+                                                      norm.weight, norm.bias,
+                                                      norm.running_mean,
+                                                      norm.running_var,
+                                                      norm.eps)
+    return compiled_forward(
+        layer, block_out, state, means=means, overwrite_x=True)

@@ -1,0 +1,175 @@
+"""The block tail fused with the KCLA layer in inference
+(kcla_mm/models/backbones/fused_block_tail.py): the same features as the
+modules run one by one (and as the reference layer), where it applies, and
+the modules themselves wherever something could tell the difference."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kcla_mm.models.backbones.fused_block_tail import (fused_block_and_kcla,
+                                                       tail_fuses)
+from kcla_mm.models.backbones.kcla_resnet import KCLAResNet
+from kcla_mm.models.backbones.mmseg_resnet import MMSegKCLAResNetV1c
+from kcla_mm.models.layers import KCLALayer, KCLAState, kcla_compiled
+from helpers import assert_close_to_max, small_backbone
+from official_reference import randomise_
+
+
+@pytest.fixture(scope='module', autouse=True)
+def ext():
+    """The kernels, which setup builds (gcc is on every CI machine)."""
+    assert kcla_compiled.extension() is not None, (
+        f'{kcla_compiled.extension_name()} is not built: run `make setup`')
+
+
+def build(name):
+    if name == 'mmdet-r18':
+        model = small_backbone(KCLAResNet, 18)
+    elif name == 'mmdet-r50-caffe':
+        model = small_backbone(KCLAResNet, 50, style='caffe')
+    else:  # mmseg's ResNetV1c at output stride 8: dilated stride-1 stages
+        model = small_backbone(
+            MMSegKCLAResNetV1c,
+            50,
+            strides=(1, 2, 1, 1),
+            dilations=(1, 1, 2, 4),
+            contract_dilation=True)
+    randomise_(model)
+    model.eval()
+    return model
+
+
+def stem_input(model, x):
+    if model.deep_stem:
+        return model.maxpool(model.stem(x))
+    return model.maxpool(model.relu(model.norm1(model.conv1(x))))
+
+
+def walk(model, x):
+    """(block, layer, block input, incoming state) of every block, running
+    the modules one by one (never the fused path)."""
+    calls, state = [], None
+    x = stem_input(model, x)
+    for name in model.res_layers:
+        for block in getattr(model, name):
+            calls.append((block, block.kcla, x, state))
+            x, state = block.kcla(block(x), state)
+    return calls
+
+
+@pytest.mark.parametrize('name', ['mmdet-r18', 'mmdet-r50-caffe', 'mmseg-os8'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_each_block_gives_what_its_modules_give(name, dtype):
+    """Every block of the network, fed the unfused network's input and
+    state: fused output and state against block then layer (float64:
+    1e-12 of the largest entry; float32: 1e-5)."""
+    model = build(name).to(dtype)
+    x = torch.rand(2, 3, 67, 53, dtype=dtype)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    with torch.no_grad():
+        calls = walk(model, x)
+        for block, layer, block_in, state in calls:
+            assert tail_fuses(block, layer, block_in, state)
+            state_copy = None if state is None else KCLAState(
+                state.u.clone(), state.z.clone())
+            want_x, want_state = layer(block(block_in), state)
+            got_x, got_state = fused_block_and_kcla(block, layer, block_in,
+                                                    state)
+            assert_close_to_max(got_x, want_x, tol)
+            assert_close_to_max(got_state.u, want_state.u, tol)
+            assert_close_to_max(got_state.z, want_state.z, tol)
+            if state is not None:  # the incoming state is left alone
+                assert torch.equal(state.u, state_copy.u)
+
+
+@pytest.mark.parametrize('name', ['mmdet-r18', 'mmdet-r50-caffe', 'mmseg-os8'])
+def test_backbone_features_are_the_reference_layers(name):
+    """The whole backbone in inference, fused, against the same weights
+    with the reference layer (which never fuses) in float64."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = build(name)
+        reference = copy.deepcopy(model)
+        for module in reference.modules():
+            if isinstance(module, KCLALayer):
+                module.implementation = 'reference'
+        x = torch.rand(2, 3, 67, 53)
+        with torch.no_grad():
+            outs, refs = model(x), reference(x)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for out, ref in zip(outs, refs):
+        assert_close_to_max(out, ref, 1e-12)
+
+
+def first_block_case():
+    model = build('mmdet-r50-caffe')
+    x = torch.rand(2, 3, 67, 53)
+    with torch.no_grad():
+        block, layer, block_in, state = walk(model, x)[1]
+    return model, block, layer, block_in, state
+
+
+def test_hooks_see_every_call():
+    """A forward hook on a block, its last norm, its ReLU or the layer (or
+    a global one) turns the fusion off, so that the hook fires as without
+    it and gets the block's own output."""
+    model, block, layer, block_in, state = first_block_case()
+    with torch.no_grad():
+        want = block(block_in)
+    for module in (block, block.norm3, block.relu, layer):
+        seen = []
+        handle = module.register_forward_hook(
+            lambda m, args, out: seen.append(out))
+        try:
+            with torch.no_grad():
+                assert not tail_fuses(block, layer, block_in, state)
+                model(torch.rand(2, 3, 67, 53))
+        finally:
+            handle.remove()
+        assert seen
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda m, args, out: None)
+    try:
+        with torch.no_grad():
+            assert not tail_fuses(block, layer, block_in, state)
+    finally:
+        handle.remove()
+    seen = []
+    handle = block.register_forward_hook(lambda m, args, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            out, _ = model.layer1[1].kcla(block(block_in), state)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(seen[0], want)
+    with torch.no_grad():
+        assert tail_fuses(block, layer, block_in, state)
+
+
+def test_only_plain_inference_fuses():
+    """Autograd, train mode, a subclass of the block, plugins, a norm other
+    than an eval BatchNorm, the reference layer: the modules run."""
+    model, block, layer, block_in, state = first_block_case()
+    assert not tail_fuses(block, layer, block_in, state)  # autograd on
+    with torch.no_grad():
+        assert tail_fuses(block, layer, block_in, state)
+        block.train()
+        assert not tail_fuses(block, layer, block_in, state)
+        block.eval()
+        layer.implementation = 'reference'
+        assert not tail_fuses(block, layer, block_in, state)
+        layer.implementation = 'auto'
+        block.with_plugins = True
+        assert not tail_fuses(block, layer, block_in, state)
+        block.with_plugins = False
+        norm = block.norm3
+        block.add_module(block.norm3_name, nn.GroupNorm(4, norm.num_features))
+        assert not tail_fuses(block, layer, block_in, state)
+        block.add_module(block.norm3_name, norm)
+        sub = copy.deepcopy(block)
+        sub.__class__ = type('Sub', (type(block), ), {})
+        assert not tail_fuses(sub, layer, block_in, state)
+        assert tail_fuses(block, layer, block_in, state)

@@ -52,13 +52,22 @@ def branch_scales(model):
 
 
 def assert_same_stage_outputs(model, plain, x, mode):
+    """Bit for bit, except for KCLA in inference, whose compiled kernels
+    compute each block's last BatchNorm in their own order (the block end
+    fused with the layer): there within float rounding."""
     model.train(mode == 'train')
     plain.train(mode == 'train')
     with torch.no_grad():
         got, want = model(x), plain(x)
     assert len(got) == len(want)
+    fused = mode == 'eval' and any(
+        isinstance(m, KCLALayer) for m in model.modules())
     for a, b in zip(got, want):
-        assert torch.equal(a, b)
+        if fused:
+            torch.testing.assert_close(
+                a, b, rtol=1e-6, atol=1e-6 * b.abs().max().item())
+        else:
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize('cls', BACKBONES)

@@ -115,8 +115,10 @@ class CrossLayerResNetMixin:
             per layer) that starts at 0, so that plain ResNet weights
             (torchvision or open-mmlab keys, e.g. ``init_cfg=dict(
             type='Pretrained', checkpoint='torchvision://resnet50')``) give
-            exactly the plain ResNet's features at step 0, in train and
-            eval mode, and the branches grow from there. The branches of
+            the plain ResNet's features at step 0, in train and eval mode
+            (bit for bit, except in KCLA's compiled inference, which
+            computes each block's last BatchNorm in its own order: within
+            float rounding), and the branches grow from there. The branches of
             KCLA and LA end in ``ReLU(Norm(.))``; zeroing the norm's weight
             (as ``zero_init_residual`` does in a block) would put the ReLU
             at 0, where its gradient is 0, and the branches would never

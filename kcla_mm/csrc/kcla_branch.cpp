@@ -422,6 +422,68 @@ const T* optional_ptr(const c10::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? t->data_ptr<T>() : nullptr;
 }
 
+// channel_norm of channel c with an optional affine (gamma, beta).
+template <typename T>
+ChannelNorm affine_norm(const T* gamma, const T* beta, int64_t c, double mean,
+                        double var, double eps) {
+  return channel_norm(mean, var, eps, gamma ? gamma[c] : 1.0,
+                      beta ? beta[c] : 0.0);
+}
+
+// The inputs that branch_forward and branch_backward share, and what they
+// derive per plane nc = n C + c (head h): the state update, the kernel
+// scaled by the plane's scale, the norm and the drop-path factor.
+template <typename T>
+struct BranchInputs {
+  Geometry g;
+  const T *x, *u_prev, *w, *scale, *kernel, *gamma, *beta, *branch_scale,
+      *mask;
+
+  BranchInputs(const Geometry& geom, const Tensor& x_,
+               const c10::optional<Tensor>& u_prev_, const Tensor& w_,
+               const Tensor& scale_, const Tensor& kernel_,
+               const c10::optional<Tensor>& gamma_,
+               const c10::optional<Tensor>& beta_,
+               const c10::optional<Tensor>& branch_scale_,
+               const c10::optional<Tensor>& mask_)
+      : g(geom),
+        x(x_.data_ptr<T>()),
+        u_prev(optional_ptr<T>(u_prev_)),
+        w(w_.data_ptr<T>()),
+        scale(scale_.data_ptr<T>()),
+        kernel(kernel_.data_ptr<T>()),
+        gamma(optional_ptr<T>(gamma_)),
+        beta(optional_ptr<T>(beta_)),
+        branch_scale(optional_ptr<T>(branch_scale_)),
+        mask(optional_ptr<T>(mask_)) {}
+
+  int64_t sample(int64_t nc) const { return nc / g.C; }
+  int64_t channel(int64_t nc) const { return nc % g.C; }
+  // Index of the plane's (sample, head) in w and scale.
+  int64_t head_index(int64_t nc) const {
+    return sample(nc) * g.heads + channel(nc) / g.head_dim;
+  }
+  // U^t of the plane into out (which may be U^{t-1}'s plane).
+  void update_state(T* out, int64_t nc) const {
+    const int64_t HW = g.H * g.W;
+    state_update<T>(out, u_prev ? u_prev + nc * HW : nullptr, x + nc * HW,
+                    w[head_index(nc)], HW);
+  }
+  // k = scale * the plane's channel kernel.
+  void scaled_kernel(int64_t nc, T* k) const {
+    const T s = scale[head_index(nc)];
+    const T* kc = kernel + channel(nc) * 9;
+    for (int t = 0; t < 9; ++t) k[t] = s * kc[t];
+  }
+  T drop_factor(int64_t nc) const { return mask ? mask[sample(nc)] : T(1); }
+  T branch_factor(int64_t nc) const {
+    return branch_scale ? branch_scale[channel(nc)] : T(1);
+  }
+  ChannelNorm norm(int64_t c, double mean, double var, double eps) const {
+    return affine_norm(gamma, beta, c, mean, var, eps);
+  }
+};
+
 // Forward. Returns (out, U^t, mean, var); mean and var are the statistics
 // the norm applied (the batch's, biased, when batch_stats; else the given
 // running ones), in x's dtype. inplace writes out over x, state_inplace
@@ -444,15 +506,8 @@ std::vector<Tensor> branch_forward(
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_branch_forward", [&] {
     using T = scalar_t;
-    const T* xp = x.data_ptr<T>();
-    const T* up = optional_ptr<T>(u_prev);
-    const T* wp = w.data_ptr<T>();
-    const T* sp = scale.data_ptr<T>();
-    const T* kp = kernel.data_ptr<T>();
-    const T* gp = optional_ptr<T>(gamma);
-    const T* bp = optional_ptr<T>(beta);
-    const T* bsp = optional_ptr<T>(branch_scale);
-    const T* mp = optional_ptr<T>(mask);
+    const BranchInputs<T> in(g, x, u_prev, w, scale, kernel, gamma, beta,
+                             branch_scale, mask);
     T* op = out.data_ptr<T>();
     T* unp = u_new.data_ptr<T>();
     T* meanp = mean.data_ptr<T>();
@@ -465,13 +520,10 @@ std::vector<Tensor> branch_forward(
       at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
         std::vector<T> v(HW);
         for (int64_t nc = begin; nc < end; ++nc) {
-          const int64_t n = nc / g.C, c = nc % g.C, h = c / g.head_dim;
-          const T s = sp[n * g.heads + h];
           T* un = unp + nc * HW;
-          state_update<T>(un, up ? up + nc * HW : nullptr, xp + nc * HW,
-                          wp[n * g.heads + h], HW);
+          in.update_state(un, nc);
           T k[9];
-          for (int t = 0; t < 9; ++t) k[t] = s * kp[c * 9 + t];
+          in.scaled_kernel(nc, k);
           conv3x3<T>(un, v.data(), k, g.H, g.W);
           const double m = flat_sum<T>(v.data(), HW) / HW;
           plane_mean[nc] = m;
@@ -504,24 +556,21 @@ std::vector<Tensor> branch_forward(
     at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> v(HW);
       for (int64_t nc = begin; nc < end; ++nc) {
-        const int64_t n = nc / g.C, c = nc % g.C, h = c / g.head_dim;
+        const int64_t c = in.channel(nc);
         T* un = unp + nc * HW;
-        if (!batch_stats)
-          state_update<T>(un, up ? up + nc * HW : nullptr, xp + nc * HW,
-                          wp[n * g.heads + h], HW);
-        const T mb = (mp ? mp[n] : T(1)) * (bsp ? bsp[c] : T(1));
+        if (!batch_stats) in.update_state(un, nc);
+        const T mb = in.drop_factor(nc) * in.branch_factor(nc);
         if (mb == T(0)) {
           // A dropped sample (or a branch scale of 0): out = X^t.
-          if (!inplace) std::copy(xp + nc * HW, xp + (nc + 1) * HW,
-                                  op + nc * HW);
+          if (!inplace)
+            std::copy(in.x + nc * HW, in.x + (nc + 1) * HW, op + nc * HW);
           continue;
         }
-        const ChannelNorm cn = channel_norm(meanp[c], varp[c], eps,
-                                            gp ? gp[c] : 1.0, bp ? bp[c] : 0.0);
+        const ChannelNorm cn = in.norm(c, meanp[c], varp[c], eps);
         T k[9];
-        for (int t = 0; t < 9; ++t) k[t] = sp[n * g.heads + h] * kp[c * 9 + t];
+        in.scaled_kernel(nc, k);
         conv3x3<T>(un, v.data(), k, g.H, g.W);
-        relu_residual<T>(op + nc * HW, xp + nc * HW, v.data(), meanp[c],
+        relu_residual<T>(op + nc * HW, in.x + nc * HW, v.data(), meanp[c],
                          T(cn.a), T(cn.beta), mb, HW);
       }
     });
@@ -551,17 +600,10 @@ std::vector<Tensor> branch_backward(
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_branch_backward", [&] {
     using T = scalar_t;
+    const BranchInputs<T> in(g, x, u_prev, w, scale, kernel, gamma, beta,
+                             branch_scale, mask);
     const T* gop = grad_out.data_ptr<T>();
     const T* gup = grad_u.data_ptr<T>();
-    const T* xp = x.data_ptr<T>();
-    const T* up = optional_ptr<T>(u_prev);
-    const T* wp = w.data_ptr<T>();
-    const T* sp = scale.data_ptr<T>();
-    const T* kp = kernel.data_ptr<T>();
-    const T* gp = optional_ptr<T>(gamma);
-    const T* bp = optional_ptr<T>(beta);
-    const T* bsp = optional_ptr<T>(branch_scale);
-    const T* mp = optional_ptr<T>(mask);
     const T* meanp = mean.data_ptr<T>();
     const T* varp = var.data_ptr<T>();
     T* gxp = grad_x.data_ptr<T>();
@@ -576,17 +618,15 @@ std::vector<Tensor> branch_backward(
       explicit Scratch(int64_t hw) : u(hw), v(hw), gy(hw) {}
     };
     auto recompute = [&](int64_t nc, Scratch& b, T* k) {
-      const int64_t n = nc / g.C, c = nc % g.C, h = c / g.head_dim;
-      state_update<T>(b.u.data(), up ? up + nc * HW : nullptr, xp + nc * HW,
-                      wp[n * g.heads + h], HW);
-      for (int t = 0; t < 9; ++t) k[t] = sp[n * g.heads + h] * kp[c * 9 + t];
+      const int64_t c = in.channel(nc);
+      in.update_state(b.u.data(), nc);
+      in.scaled_kernel(nc, k);
       conv3x3<T>(b.u.data(), b.v.data(), k, g.H, g.W);
-      const ChannelNorm cn = channel_norm(meanp[c], varp[c], eps,
-                                          gp ? gp[c] : 1.0, bp ? bp[c] : 0.0);
+      const ChannelNorm cn = in.norm(c, meanp[c], varp[c], eps);
       double sums[3];
       relu_backward<T>(b.v.data(), gop + nc * HW, b.gy.data(), meanp[c],
-                       T(cn.a), T(cn.beta), T(cn.invstd), mp ? mp[n] : T(1),
-                       bsp ? bsp[c] : T(1), HW, sums);
+                       T(cn.a), T(cn.beta), T(cn.invstd), in.drop_factor(nc),
+                       in.branch_factor(nc), HW, sums);
       gy_sum[nc] = sums[0];
       gy_vhat[nc] = sums[1];
       gbs[nc] = sums[2];
@@ -619,10 +659,10 @@ std::vector<Tensor> branch_backward(
       Scratch b(HW);
       std::vector<T> gv(HW), gu(HW);
       for (int64_t nc = begin; nc < end; ++nc) {
-        const int64_t n = nc / g.C, c = nc % g.C, h = c / g.head_dim;
+        const int64_t c = in.channel(nc);
         T k[9];
         const ChannelNorm cn = recompute(nc, b, k);
-        const T s = sp[n * g.heads + h];
+        const T s = in.scale[in.head_index(nc)];
         const T mean_gy = batch_stats ? T(ch_gy_sum[c] / count) : T(0);
         const T mean_gy_vhat = batch_stats ? T(ch_gy_vhat[c] / count) : T(0);
         norm_backward<T>(b.gy.data(), b.v.data(), gv.data(), meanp[c],
@@ -634,15 +674,15 @@ std::vector<Tensor> branch_backward(
         double gs_plane = 0;
         for (int t = 0; t < 9; ++t) {
           gk[nc * 9 + t] = double(s) * gK[t];
-          gs_plane += double(kp[c * 9 + t]) * gK[t];
+          gs_plane += double(in.kernel[c * 9 + t]) * gK[t];
         }
         T flipped[9];
         for (int t = 0; t < 9; ++t) flipped[t] = k[8 - t];
         conv3x3<T>(gv.data(), gu.data(), flipped, g.H, g.W);
         gs[nc] = gs_plane;
         gw[nc] = state_backward<T>(gup + nc * HW, gu.data(), gop + nc * HW,
-                                   xp + nc * HW, gupp + nc * HW,
-                                   gxp + nc * HW, wp[n * g.heads + h], HW);
+                                   in.x + nc * HW, gupp + nc * HW,
+                                   gxp + nc * HW, in.w[in.head_index(nc)], HW);
       }
     });
     if (!batch_stats) channel_sums();
@@ -800,8 +840,7 @@ std::vector<Tensor> block_tail_forward(const Tensor& pre,
     at::parallel_for(0, N * C, 1, [&](int64_t begin, int64_t end) {
       for (int64_t nc = begin; nc < end; ++nc) {
         const int64_t c = nc % C;
-        const ChannelNorm cn = channel_norm(rmp[c], rvp[c], eps,
-                                            gp ? gp[c] : 1.0, bp ? bp[c] : 0.0);
+        const ChannelNorm cn = affine_norm(gp, bp, c, rmp[c], rvp[c], eps);
         mp[nc] = relu_add_norm<T>(xp + nc * HW, pp + nc * HW, ip + nc * HW,
                                   T(cn.mean), T(cn.a), T(cn.beta), HW) /
                  HW;

@@ -121,13 +121,19 @@ def scaled_adapt(adapter: nn.Conv2d, a: Tensor, in_scale: Tensor) -> Tensor:
     the scale goes into per-sample copies of the adapter's weights, so that
     it is applied to the weights instead of to every value of ``a`` (whose
     size is 4x the output's at stride 2), forward and backward."""
+    sub, (h, w) = grouped_strided_input(adapter, a)
+    weight = per_sample_weight(adapter, in_scale)
+    return (weight @ sub).view(in_scale.shape[0], adapter.out_channels, h, w)
+
+
+def per_sample_weight(adapter: nn.Conv2d, in_scale: Tensor) -> Tensor:
+    """A plain adapter's weights with one scale per (sample, input
+    channel) applied, as (N, groups, C_out / groups, C_in / groups), the
+    matmul operand of :func:`grouped_strided_input`'s view."""
     n, c_in = in_scale.shape
     groups, c_out = adapter.groups, adapter.out_channels
-    sub, (h, w) = grouped_strided_input(adapter, a)
-    weight = (
-        adapter.weight.view(1, groups, c_out // groups, c_in // groups) *
-        in_scale.view(n, groups, 1, c_in // groups))
-    return (weight @ sub).view(n, c_out, h, w)
+    return (adapter.weight.view(1, groups, c_out // groups, c_in // groups) *
+            in_scale.view(n, groups, 1, c_in // groups))
 
 
 def grouped_strided_input(adapter: nn.Conv2d,

@@ -230,13 +230,15 @@ def compiled_forward(layer: 'KCLALayer',
     norm = layer.norm
     batch_stats = uses_batch_stats(norm)
     mask = drop_path_mask(x, layer.drop_path, layer.training)
-    in_place = inplace and not torch.is_grad_enabled()
+    no_grad = not torch.is_grad_enabled()
+    out_in_place = (inplace or overwrite_x) and no_grad
+    state_in_place = inplace and no_grad
     out, u, mean, var = ext.branch_forward(
         x,
         None if state is None else state.u, w, scale, layer.value_conv.weight,
-        *norm_args(norm, batch_stats), batch_stats, norm.eps,
-        layer.branch_scale, None if mask is None else mask.view(-1), in_place
-        or (overwrite_x and not torch.is_grad_enabled()), in_place)
+        *norm_args(norm,
+                   batch_stats), batch_stats, norm.eps, layer.branch_scale,
+        None if mask is None else mask.view(-1), out_in_place, state_in_place)
     if batch_stats:
         update_running_stats(norm, mean, var, x.numel() // x.shape[1])
     return out, KCLAState(u, z)

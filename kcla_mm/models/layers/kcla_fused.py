@@ -31,8 +31,9 @@ from ...torch_compat import is_autocast_enabled
 from .attention_branch import (adapt_state, add_branch, at_least_fp32,
                                bn_affine, grouped_strided_input,
                                head_scaled_add, is_frozen_bn,
-                               is_plain_pointwise, matmul_adapts, scale_branch,
-                               scaled_adapt, spatial_mean)
+                               is_plain_pointwise, matmul_adapts,
+                               per_sample_weight, scale_branch, scaled_adapt,
+                               spatial_mean)
 from .kcla_state import STATE_EPS, KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -122,10 +123,8 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
     groups = conv.groups
     c_out = conv.out_channels
     sub, (h, w) = grouped_strided_input(conv, u)
-    weight = (
-        conv.weight.view(1, groups, c_out // groups, c_in // groups) *
-        in_scale.view(n, groups, 1, c_in // groups) *
-        bn_scale.view(1, groups, c_out // groups, 1))
+    weight = per_sample_weight(conv, in_scale) * bn_scale.view(
+        1, groups, c_out // groups, 1)
     mean = (weight @ sub.mean(3, keepdim=True)).view(n, c_out) + bn_shift
     z_new = renormalised_weights(layer, mean)
     out_scale = z_new.repeat_interleave(

@@ -4,7 +4,8 @@ from .cross_layer_resnet import (CrossLayerResLayer, CrossLayerResLayerMixin,
                                  CrossLayerResNet, CrossLayerResNetMixin,
                                  MMSegCrossLayerResLayer,
                                  MMSegCrossLayerResNet)
-from .errors import BackboneAssertionError, BackboneKeyError
+from .errors import (BackboneAssertionError, BackboneAttributeError,
+                     BackboneIndexError, BackboneKeyError, BackboneTypeError)
 from .kcla_resnet import KCLAResNet, KCLAResNetMixin
 from .la_resnet import LAResNet, LAResNetMixin
 from .mmseg_resnet import (MMSegKCLAResNet, MMSegKCLAResNetV1c,
@@ -14,7 +15,8 @@ from .mmseg_resnet import (MMSegKCLAResNet, MMSegKCLAResNetV1c,
 from .mrla_light_resnet import MRLALightResNet, MRLALightResNetMixin
 
 __all__ = [
-    'BackboneAssertionError', 'BackboneKeyError', 'CIFARLayoutMixin',
+    'BackboneAssertionError', 'BackboneAttributeError', 'BackboneIndexError',
+    'BackboneKeyError', 'BackboneTypeError', 'CIFARLayoutMixin',
     'CrossLayerResLayer', 'CrossLayerResLayerMixin', 'CrossLayerResNet',
     'CrossLayerResNetMixin', 'KCLAResNet', 'KCLAResNetCIFAR',
     'KCLAResNetMixin', 'LAResNet', 'LAResNetCIFAR', 'LAResNetMixin',

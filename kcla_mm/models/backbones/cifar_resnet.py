@@ -22,6 +22,8 @@ from mmdet.models.backbones import ResNet
 from mmdet.models.backbones.resnet import BasicBlock, Bottleneck
 
 from ...registry import register_backbone
+from .arguments import check_resnet_args, is_int
+from .cross_layer_resnet import CrossLayerResNetMixin
 from .kcla_resnet import KCLAResNet
 from .la_resnet import LAResNet
 from .mrla_light_resnet import MRLALightResNet
@@ -87,23 +89,26 @@ class CIFARLayoutMixin:
         if kwargs.get('deep_stem'):
             raise ValueError('deep_stem=True does not apply to the CIFAR '
                              'layout, whose stem is one 3x3 conv')
-        if not 1 <= num_stages <= 3:
+        if not is_int(num_stages) or not 1 <= num_stages <= 3:
             raise ValueError(f'num_stages={num_stages} must be in 1..3')
         # Per instance: mmdet's ResNet looks the depth up in
         # self.arch_settings, and 6n+2 / 9n+2 depend on the block.
         stage_blocks = cifar_stage_blocks(depth, block)
         self.arch_settings = {depth: (CIFAR_BLOCKS[block][0], stage_blocks)}
         self.block_name = block
-        super().__init__(
-            depth=depth,
+        kwargs.update(
             stem_channels=stem_channels,
             base_channels=base_channels,
             num_stages=num_stages,
             strides=strides,
             dilations=dilations,
             out_indices=out_indices,
-            norm_eval=norm_eval,
-            **kwargs)
+            norm_eval=norm_eval)
+        if not isinstance(self, CrossLayerResNetMixin):
+            # The layer-attention classes check these with their own.
+            check_resnet_args(
+                type(self).__name__, self.arch_settings, depth, kwargs)
+        super().__init__(depth=depth, **kwargs)
 
     def train(self, mode: bool = True) -> nn.Module:
         # mmdet's ResNet.train() returns None; nn.Module's contract (and

@@ -24,7 +24,8 @@ from mmseg.models.backbones import ResNet as MMSegResNet
 from mmseg.models.utils import ResLayer as MMSegResLayer
 from torch import Tensor
 
-from .errors import BackboneAssertionError, BackboneKeyError
+from .arguments import check_flag, check_multi_grid, check_resnet_args, is_int
+from .errors import BackboneTypeError
 from .fused_block_tail import fused_block_and_kcla
 
 # make_attention(channels, block_index, state_channels, state_stride)
@@ -147,32 +148,19 @@ class CrossLayerResNetMixin:
 
     def _check_args(self, depth, head_dim, kwargs) -> None:
         """Fails early, naming the field, where mmdet / mmseg would assert or
-        fail deep inside the build; each error is also of the type their
-        ResNet raises for it (:mod:`.errors`)."""
-        cls = type(self)
+        fail deep inside the build, or take the value silently; each error
+        is also of the type their ResNet raises for it (:mod:`.errors`)."""
         # self: a CIFAR layout sets its arch_settings per instance.
-        if depth not in self.arch_settings:
-            raise BackboneKeyError(f'depth={depth!r} is not supported by '
-                                   f'{cls.__name__}; choose from '
-                                   f'{sorted(self.arch_settings)}')
+        check_resnet_args(
+            type(self).__name__, self.arch_settings, depth, kwargs)
+        check_flag('zero_init_attention', self.zero_init_attention)
         num_stages = kwargs.get('num_stages', 4)
-        if not 1 <= num_stages <= 4:
-            raise BackboneAssertionError(
-                f'num_stages={num_stages} must be in 1..4')
-        for field, default in (('strides', (1, 2, 2, 2)), ('dilations',
-                                                           (1, 1, 1, 1))):
-            value = kwargs.get(field, default)
-            if len(value) != num_stages:
-                raise BackboneAssertionError(
-                    f'{field}={tuple(value)} must have num_stages='
-                    f'{num_stages} entries, got {len(value)}')
-        out_indices = kwargs.get('out_indices', (0, 1, 2, 3))
-        if max(out_indices) >= num_stages:
-            raise BackboneAssertionError(
-                f'out_indices={tuple(out_indices)} must be below '
-                f'num_stages={num_stages}')
         expansion = self.arch_settings[depth][0].expansion
         base = kwargs.get('base_channels', 64)
+        if not is_int(head_dim):
+            raise BackboneTypeError(
+                f'head_dim={head_dim!r} must be a positive integer that '
+                'divides every stage width')
         for i in range(num_stages):
             width = base * 2**i * expansion
             if head_dim <= 0 or width % head_dim:
@@ -271,3 +259,13 @@ class MMSegCrossLayerResNet(CrossLayerResNetMixin, MMSegResNet):
         if stem_channels is None:
             stem_channels = kwargs.get('base_channels', 64)
         super().__init__(depth=depth, stem_channels=stem_channels, **kwargs)
+
+    def _check_args(self, depth, head_dim, kwargs) -> None:
+        super()._check_args(depth, head_dim, kwargs)
+        # mmseg's own options.
+        if 'contract_dilation' in kwargs:
+            check_flag('contract_dilation', kwargs['contract_dilation'])
+        num_stages = kwargs.get('num_stages', 4)
+        check_multi_grid(
+            kwargs.get('multi_grid'),
+            self.arch_settings[depth][1][num_stages - 1])

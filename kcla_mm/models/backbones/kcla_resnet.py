@@ -3,8 +3,44 @@ from typing import Optional, Sequence
 
 from ...registry import register_backbone
 from ..layers import KCLALayer
+from ..layers.kcla_compiled import require_extension
 from ..layers.kcla_layer import IMPLEMENTATIONS
+from .arguments import (check_clamp, check_flag, check_int_sequence,
+                        check_rate, check_temperature_range, is_int)
 from .cross_layer_resnet import CrossLayerResNet
+
+
+def check_kcla_args(temperature_range, clamp, kcla_drop_path, renorm_blocks,
+                    kcla_implementation, kcla_inplace,
+                    num_stages: int) -> None:
+    """The KCLA options of the backbones, each error naming its key (the
+    layers get them under other names: ``drop_path``, ``renorm``,
+    ``implementation``, ``inplace``)."""
+    check_temperature_range('temperature_range', temperature_range)
+    check_clamp('clamp', clamp)
+    check_rate('kcla_drop_path', kcla_drop_path)
+    blocks = check_int_sequence('renorm_blocks', renorm_blocks)
+    if any(b < 0 for b in blocks):
+        raise ValueError(f'renorm_blocks={blocks} must be block indices '
+                         'within a stage, >= 0 (a negative one matches no '
+                         'block)')
+    # num_stages: checked with the other ResNet options, after these.
+    if 0 not in blocks and not (is_int(num_stages) and num_stages <= 1):
+        raise ValueError(
+            f'renorm_blocks={blocks} must contain 0: the first block of '
+            'every stage after the first carries the state to a new width '
+            "(the paper's Algorithm 1)")
+    if kcla_implementation not in IMPLEMENTATIONS:
+        raise ValueError(f'kcla_implementation={kcla_implementation!r} '
+                         f'must be one of {IMPLEMENTATIONS}')
+    if kcla_implementation == 'compiled':
+        try:
+            require_extension()
+        except RuntimeError as error:
+            raise RuntimeError(
+                f'kcla_implementation={kcla_implementation!r}: {error}'
+            ) from error
+    check_flag('kcla_inplace', kcla_inplace)
 
 
 class KCLAResNetMixin:
@@ -25,10 +61,14 @@ class KCLAResNetMixin:
                  kcla_implementation: str = 'auto',
                  kcla_inplace: bool = False,
                  **kwargs):
-        if kcla_implementation not in IMPLEMENTATIONS:
-            raise ValueError(
-                f'kcla_implementation={kcla_implementation!r} must be one '
-                f'of {IMPLEMENTATIONS}')
+        check_kcla_args(
+            temperature_range=temperature_range,
+            clamp=clamp,
+            kcla_drop_path=kcla_drop_path,
+            renorm_blocks=renorm_blocks,
+            kcla_implementation=kcla_implementation,
+            kcla_inplace=kcla_inplace,
+            num_stages=kwargs.get('num_stages', 4))
         self.renorm_blocks = tuple(renorm_blocks)
         self.kcla_cfg = self.shared_layer_cfg(
             kwargs,
@@ -69,16 +109,19 @@ class KCLAResNet(KCLAResNetMixin, CrossLayerResNet):
 
     Args:
         head_dim (int): Channels per KCLA head. Default: 64 (official).
-        temperature_range (Sequence[float]): Range of the log-uniform
-            sequence whose reciprocals are the per-head temperatures.
-            Default: (0.7, 1 / 0.7) (official).
-        clamp (float): Upper bound of ||K|| / tau before ``exp``.
-            Default: 10 (official).
-        kcla_drop_path (float): Drop-path rate of the KCLA branch.
-            Default: 0.2 (official).
-        renorm_blocks (Sequence[int]): Block indices within a stage whose
-            KCLA layer re-normalises the state. Default: (0, 11) (official;
-            block 11 exists only in the deep stages of ResNet-101/152).
+        temperature_range (Sequence[float]): Range (low, high) of the
+            log-uniform sequence whose reciprocals are the per-head
+            temperatures: two positive numbers, finite in fp32, low <=
+            high. Default: (0.7, 1 / 0.7) (official).
+        clamp (float): Upper bound of ||K|| / tau before ``exp``, in (0,
+            88.72) (exp(clamp) finite in fp32). Default: 10 (official).
+        kcla_drop_path (float): Drop-path rate of the KCLA branch, in
+            [0, 1). Default: 0.2 (official).
+        renorm_blocks (Sequence[int]): Block indices (>= 0) within a stage
+            whose KCLA layer re-normalises the state; 0 is needed when
+            there is more than one stage (the state changes width there).
+            Default: (0, 11) (official; block 11 exists only in the deep
+            stages of ResNet-101/152).
         kcla_implementation (str): ``'auto'`` (the compiled CPU kernels
             where they apply, else ``'fused'``), ``'compiled'``,
             ``'fused'``, ``'reference'`` or ``'recompute'`` (less

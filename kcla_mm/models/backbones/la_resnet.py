@@ -3,6 +3,7 @@ from typing import Optional
 
 from ...registry import register_backbone
 from ..layers import LALayer
+from .arguments import check_rate
 from .cross_layer_resnet import CrossLayerResNet
 
 
@@ -19,8 +20,7 @@ class LAResNetMixin:
                  head_dim: int = 64,
                  la_drop_path: float = 0.2,
                  **kwargs):
-        if not 0. <= la_drop_path < 1.:
-            raise ValueError(f'la_drop_path={la_drop_path} must be in [0, 1)')
+        check_rate('la_drop_path', la_drop_path)
         self.la_cfg = self.shared_layer_cfg(
             kwargs, head_dim=head_dim, drop_path=la_drop_path)
         super().__init__(depth=depth, head_dim=head_dim, **kwargs)
@@ -51,7 +51,8 @@ class LAResNet(LAResNetMixin, CrossLayerResNet):
 
     Args:
         head_dim (int): Channels per head. Default: 64 (as KCLA).
-        la_drop_path (float): Drop-path rate of the attention branch.
+        la_drop_path (float): Drop-path rate of the attention branch, in
+            [0, 1).
             Default: 0.2 (as KCLA).
         zero_init_attention (bool): Start every attention branch at zero
             (warm start from plain ResNet weights), see

@@ -3,6 +3,7 @@ from typing import Optional
 
 from ...registry import register_backbone
 from ..layers import MRLALightLayer
+from .arguments import check_rate
 from .cross_layer_resnet import CrossLayerResNet
 
 
@@ -19,9 +20,7 @@ class MRLALightResNetMixin:
                  head_dim: int = 32,
                  mrla_light_drop_path: float = 0.2,
                  **kwargs):
-        if not 0. <= mrla_light_drop_path < 1.:
-            raise ValueError(f'mrla_light_drop_path={mrla_light_drop_path} '
-                             'must be in [0, 1)')
+        check_rate('mrla_light_drop_path', mrla_light_drop_path)
         self.mrla_cfg = self.shared_layer_cfg(
             kwargs, head_dim=head_dim, drop_path=mrla_light_drop_path)
         super().__init__(depth=depth, head_dim=head_dim, **kwargs)
@@ -56,7 +55,8 @@ class MRLALightResNet(MRLALightResNetMixin, CrossLayerResNet):
 
     Args:
         head_dim (int): Channels per head. Default: 32 (official MRLA).
-        mrla_light_drop_path (float): Drop-path rate of the attention branch.
+        mrla_light_drop_path (float): Drop-path rate of the attention
+            branch, in [0, 1).
             Default: 0.2 (official MRLA ImageNet training).
         zero_init_attention (bool): Start every attention branch at zero
             (warm start from plain ResNet weights), see

@@ -1,7 +1,7 @@
-from .medical_seg import (BinaryMedicalSegDataset, ISIC2017Dataset,
-                          ISIC2018Dataset, KvasirSEGDataset)
+from .medical_seg import (BinaryMedicalSegDataset, EmptySplitError,
+                          ISIC2017Dataset, ISIC2018Dataset, KvasirSEGDataset)
 
 __all__ = [
-    'BinaryMedicalSegDataset', 'ISIC2017Dataset', 'ISIC2018Dataset',
-    'KvasirSEGDataset'
+    'BinaryMedicalSegDataset', 'EmptySplitError', 'ISIC2017Dataset',
+    'ISIC2018Dataset', 'KvasirSEGDataset'
 ]

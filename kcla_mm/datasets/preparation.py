@@ -11,7 +11,8 @@ import os.path as osp
 import random
 import shutil
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import (Callable, Dict, List, Optional, Sequence, Sized, Tuple,
+                    Union)
 
 import cv2
 import numpy as np
@@ -136,10 +137,35 @@ def write_sample(sample: Sample,
     cv2.imwrite(osp.join(ann_dir, sample.name + '.png'), mask)
 
 
+def refuse_empty_splits(splits: Dict[str, Union[int, Sized]],
+                        options: Optional[Dict[str, str]] = None) -> None:
+    """Raises :class:`PreparationError` when a split has no sample.
+
+    An empty split would be written without a word and fail only when a
+    run reads it (an empty validation split: at start-up, with numpy's
+    "need at least one array to concatenate").
+
+    Args:
+        splits (dict): split name -> its samples, or their number.
+        options (dict, optional): split name -> the command-line setting
+            that sized it, named in the message.
+    """
+    options = options or {}
+    for split, samples in splits.items():
+        if (samples if isinstance(samples, int) else len(samples)) == 0:
+            setting = f' ({options[split]})' if split in options else ''
+            raise PreparationError(
+                f'the {split} split would be empty{setting}: every split '
+                'needs at least one sample; nothing was written')
+
+
 def write_splits(splits: Dict[str, List[Sample]],
                  out: str,
                  size: Optional[Tuple[int, int]] = None,
                  threshold: int = 128) -> Dict[str, int]:
+    """Writes every split; refuses (before writing anything) when one of
+    them is empty."""
+    refuse_empty_splits(splits)
     for split, samples in splits.items():
         for sample in samples:
             write_sample(sample, out, split, size, threshold)

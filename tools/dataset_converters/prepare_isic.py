@@ -16,7 +16,9 @@ training part, it is split with --seed and the ratios.
 OUT gets img_dir/{train,val,test}/<id>.jpg and ann_dir/{train,val,test}/
 <id>.png with values 0 (background) and 1 (lesion). An image without a
 mask, a mask without an image, or an unreadable file stops the tool with an
-error naming it. Images keep their size unless --size W H is given.
+error naming it; so does a split that would be empty (a ratio of 0, or
+one that rounds to no sample), before anything is written. Images keep
+their size unless --size W H is given.
 """
 import argparse
 import os.path as osp
@@ -24,7 +26,8 @@ import sys
 
 from kcla_mm.datasets.preparation import (ISIC_LAYOUTS, PreparationError,
                                           pair_images_and_masks, random_split,
-                                          ratio_counts, write_splits)
+                                          ratio_counts, refuse_empty_splits,
+                                          write_splits)
 
 
 def parse_args(argv=None):
@@ -60,6 +63,10 @@ def parse_args(argv=None):
         parser.error(f'--val-ratio={args.val_ratio} and --test-ratio='
                      f'{args.test_ratio} must be in [0, 1) with a sum '
                      'below 1')
+    for split, ratio in (('val', args.val_ratio), ('test', args.test_ratio)):
+        if ratio == 0:
+            parser.error(f'--{split}-ratio=0 would leave the {split} split '
+                         'empty: give a ratio above 0 (nothing was written)')
     return args
 
 
@@ -87,10 +94,16 @@ def main(argv=None) -> int:
             splits = {s: collect(args.raw, args.year, s) for s in layout}
         elif args.year == 2018 and not present['val'] and not present['test']:
             samples = collect(args.raw, args.year, 'train')
-            splits = random_split(
-                samples,
-                ratio_counts(len(samples), args.val_ratio, args.test_ratio),
-                args.seed)
+            n = len(samples)
+            counts = ratio_counts(n, args.val_ratio, args.test_ratio)
+            refuse_empty_splits(
+                counts,
+                dict(
+                    train=f'--val-ratio={args.val_ratio} and --test-ratio='
+                    f'{args.test_ratio} of {n} samples',
+                    val=f'--val-ratio={args.val_ratio} of {n} samples',
+                    test=f'--test-ratio={args.test_ratio} of {n} samples'))
+            splits = random_split(samples, counts, args.seed)
         else:
             missing = [layout[s][0] for s, ok in present.items() if not ok]
             raise PreparationError(

@@ -13,7 +13,9 @@ with a fixed seed; split files list one id per line. OUT gets
 img_dir/{split}/<id>.jpg and ann_dir/{split}/<id>.png with values 0/1. An
 image without a mask, a mask without an image, an id of a split file that
 is not in the archive (or an archive image in no split file), or an
-unreadable file stops the tool with an error naming it.
+unreadable file stops the tool with an error naming it; so does a split
+that would be empty (--train or --val below 1, an empty split file), before
+anything is written.
 """
 import argparse
 import os.path as osp
@@ -21,7 +23,7 @@ import sys
 
 from kcla_mm.datasets.preparation import (PreparationError,
                                           pair_images_and_masks, random_split,
-                                          write_splits)
+                                          refuse_empty_splits, write_splits)
 
 SPLIT_NAMES = ('train', 'val', 'test')
 
@@ -45,7 +47,15 @@ def parse_args(argv=None):
         nargs=2,
         metavar=('W', 'H'),
         help='resize images and masks (default: keep)')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.split_files:
+        for option in ('train', 'val'):
+            count = getattr(args, option)
+            if count < 1:
+                parser.error(f'--{option}={count} would leave the {option} '
+                             'split empty: give at least 1 (nothing was '
+                             'written)')
+    return args
 
 
 def splits_from_files(samples, files):
@@ -68,6 +78,8 @@ def splits_from_files(samples, files):
                     f'{path}: id {sample_id!r} is also in {used[sample_id]}')
             used[sample_id] = path
         splits[split] = [by_name[osp.splitext(i)[0]] for i in ids]
+        refuse_empty_splits({split: splits[split]},
+                            {split: f'--split-files: {path} lists no id'})
     left = sorted(set(by_name) - set(used))
     if left:
         raise PreparationError(

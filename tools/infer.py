@@ -14,15 +14,20 @@ inferencers put them: ``DIR/vis/`` (images with the predictions drawn) and
 
 CHECKPOINT may be a published checkpoint
 (tools/model_converters/publish_model.py) or a training checkpoint of
-tools/train.py; both load with weights_only=True.
+tools/train.py; both load with weights_only=True. A file that is missing,
+truncated, not a checkpoint, or holds NaN/Inf tensors is refused in one line
+(``error: CHECKPOINT: cause``, exit status 1).
 """
 import argparse
 import os
 import os.path as osp
+import sys
 
 from mmengine.config import DictAction
 
 from kcla_mm.apis import KCLADetInferencer, init_inferencer
+from kcla_mm.utils.checkpoint_loading import (CheckpointError, is_local_path,
+                                              probe_checkpoint_file)
 
 
 def parse_args(argv=None):
@@ -62,15 +67,17 @@ def main(argv=None):
     if not osp.exists(args.inputs):
         raise FileNotFoundError(f'inputs {args.inputs}: no such file or '
                                 'folder')
-    if args.weights is not None and not (osp.isfile(args.weights)
-                                         or '://' in args.weights):
-        raise FileNotFoundError(f'--weights {args.weights}: no such file')
-    inferencer = init_inferencer(
-        args.model,
-        weights=args.weights,
-        device=args.device,
-        package=args.package,
-        cfg_options=args.cfg_options)
+    try:
+        if args.weights is not None and is_local_path(args.weights):
+            probe_checkpoint_file(args.weights)
+        inferencer = init_inferencer(
+            args.model,
+            weights=args.weights,
+            device=args.device,
+            package=args.package,
+            cfg_options=args.cfg_options)
+    except CheckpointError as exc:
+        sys.exit(f'error: {exc}')
     if isinstance(inferencer, KCLADetInferencer):
         results = inferencer(
             args.inputs,

@@ -6,17 +6,23 @@ style).
         [--launcher none|pytorch|slurm|mpi]
 
 CHECKPOINT may be a training checkpoint of tools/train.py: it is loaded
-with weights_only=True, with mmengine's logging types allow-listed.
+with weights_only=True, with mmengine's logging types allow-listed. A file
+that is missing, truncated, not a checkpoint, or holds NaN/Inf tensors is
+refused in one line (``error: CHECKPOINT: cause``, exit status 1).
 """
 import argparse
 import os
 import os.path as osp
+import sys
 
 from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import kcla_mm  # noqa: F401  registers the KCLA modules
+from kcla_mm.utils.checkpoint_loading import (CheckpointError,
+                                              checked_checkpoint_loading,
+                                              probe_checkpoint_file)
 from kcla_mm.utils.config import load_config
 from kcla_mm.utils.distributed import (close_distributed,
                                        init_distributed_on_cpu)
@@ -77,8 +83,16 @@ def enable_visualization(cfg: Config, show_dir: str) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
-    if not osp.isfile(args.checkpoint):
-        raise FileNotFoundError(f'checkpoint {args.checkpoint}: no such file')
+    try:
+        test(args)
+    except CheckpointError as exc:
+        sys.exit(f'error: {exc}')
+
+
+def test(args) -> None:
+    # What needs no unpickling is refused before the datasets load; the
+    # rest (non-finite tensors, refused types) as the runner loads it.
+    probe_checkpoint_file(args.checkpoint)
     cfg = load_config(args.config, args.cfg_options, args.launcher,
                       args.work_dir)
     # The backbone's ImageNet init is not needed: the checkpoint has it all.
@@ -104,7 +118,8 @@ def main(argv=None):
         runner = (
             Runner.from_cfg(cfg)
             if 'runner_type' not in cfg else RUNNERS.build(cfg))
-        runner.test()
+        with checked_checkpoint_loading():
+            runner.test()
     finally:
         close_distributed()
 

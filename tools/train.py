@@ -8,6 +8,9 @@
 The config's ``default_scope`` (mmdet, mmseg or mmpretrain) decides the
 registries.
 ``--cfg-options data_root=PATH`` re-points every dataset and evaluator.
+A checkpoint to resume from or to start from (``load_from``) that is
+missing, truncated, not a checkpoint, or holds NaN/Inf tensors is refused in
+one line (``error: PATH: cause``, exit status 1).
 """
 import argparse
 import os
@@ -20,6 +23,10 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import kcla_mm  # noqa: F401  registers the KCLA modules
+from kcla_mm.utils.checkpoint_loading import (CheckpointError,
+                                              checked_checkpoint_loading,
+                                              is_local_path,
+                                              probe_checkpoint_file)
 from kcla_mm.utils.config import (PretrainedFileNotFoundError,
                                   check_pretrained_files, load_config)
 from kcla_mm.utils.distributed import (close_distributed,
@@ -83,6 +90,10 @@ def build_cfg(args) -> Config:
             raise FileNotFoundError(f'--resume {args.resume}: no such file')
         cfg.resume = True
         cfg.load_from = args.resume
+    # What needs no unpickling is refused before the datasets load; the
+    # rest (non-finite tensors, refused types) as the runner loads it.
+    if cfg.get('load_from') and is_local_path(cfg.load_from):
+        probe_checkpoint_file(cfg.load_from)
     return cfg
 
 
@@ -106,7 +117,10 @@ def main(argv=None):
         runner = (
             Runner.from_cfg(cfg)
             if 'runner_type' not in cfg else RUNNERS.build(cfg))
-        runner.train()
+        with checked_checkpoint_loading():
+            runner.train()
+    except CheckpointError as exc:
+        sys.exit(f'error: {exc}')
     finally:
         close_distributed()
 

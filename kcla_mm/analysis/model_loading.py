@@ -46,10 +46,15 @@ def load_backbone(cfg: Config,
     segmentor (its ``backbone.*`` keys are used) or a backbone state dict;
     it is read with ``weights_only=True`` (mmengine's logging types
     allow-listed; on torch < 2.6 as mmengine reads it there, see
-    :func:`kcla_mm.torch_compat.load_checkpoint_file`) and must match the
-    backbone exactly.
+    :func:`kcla_mm.utils.checkpoint_loading.load_checkpoint`) and must match
+    the backbone exactly.
+
+    Raises:
+        CheckpointError: The file is missing, not a PyTorch checkpoint, or
+            holds NaN/Inf tensors (one line naming the file).
+        ValueError: Its keys or shapes do not match the backbone.
     """
-    from kcla_mm.torch_compat import load_checkpoint_file
+    from kcla_mm.utils.checkpoint_loading import load_checkpoint
     backbone_cfg = copy.deepcopy(
         backbone_cfg if backbone_cfg is not None else backbone_config(cfg))
     backbone_cfg['init_cfg'] = None
@@ -57,9 +62,7 @@ def load_backbone(cfg: Config,
     if checkpoint is None:
         model.init_weights()
     else:
-        if not osp.isfile(checkpoint):
-            raise FileNotFoundError(f'checkpoint {checkpoint}: no such file')
-        ckpt = load_checkpoint_file(checkpoint)
+        ckpt = load_checkpoint(checkpoint)
         state = ckpt.get('state_dict', ckpt)
         if any(k.startswith('backbone.') for k in state):
             state = {

@@ -8,7 +8,10 @@ must stay mmdet/mmseg for the registries. These subclasses change just that
 lookup: a name is searched in kcla_mm's index first (see
 :mod:`kcla_mm.model_zoo.model_index`), then in the scope package's, so
 mmdet's and mmseg's own model names keep working. A config path or a Config
-object goes through unchanged, exactly as with the parent classes.
+object goes through unchanged, exactly as with the parent classes. Their
+weights load through :func:`kcla_mm.utils.checkpoint_loading.load_checkpoint`
+(a bad file raises :class:`~kcla_mm.utils.checkpoint_loading.CheckpointError`
+naming it; NaN/Inf tensors are refused).
 """
 import os.path as osp
 import warnings
@@ -19,6 +22,7 @@ from mmengine.config import Config
 from mmseg.apis import MMSegInferencer
 
 from ..model_zoo.model_index import find_model, get_model_info
+from ..utils.checkpoint_loading import checked_checkpoint_loading
 
 
 def _from_index(model: str, package: str,
@@ -53,7 +57,8 @@ class KCLADetInferencer(DetInferencer):
                  package: str = 'kcla_mm',
                  **kwargs) -> None:
         self.index_package = package
-        super().__init__(model=model, weights=weights, **kwargs)
+        with checked_checkpoint_loading():
+            super().__init__(model=model, weights=weights, **kwargs)
 
     def _load_model_from_metafile(self, model: str):
         return _from_index(model, self.index_package,
@@ -71,7 +76,8 @@ class KCLASegInferencer(MMSegInferencer):
                  package: str = 'kcla_mm',
                  **kwargs) -> None:
         self.index_package = package
-        super().__init__(model=model, weights=weights, **kwargs)
+        with checked_checkpoint_loading():
+            super().__init__(model=model, weights=weights, **kwargs)
 
     def _load_model_from_metafile(self, model: str):
         return _from_index(model, self.index_package,

@@ -22,7 +22,9 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from ..torch_compat import WEIGHTS_ONLY_ALLOW_LIST, load_checkpoint_file
+from ..torch_compat import WEIGHTS_ONLY_ALLOW_LIST
+from ..utils.checkpoint_loading import (CheckpointError, CheckpointFileError,
+                                        load_checkpoint)
 
 #: The keys a published checkpoint keeps (mmdet's ``save_keys`` default).
 RELEASE_KEYS = ('meta', 'state_dict')
@@ -86,25 +88,25 @@ def load_training_checkpoint(in_file: str) -> dict:
     """Loads an mmengine checkpoint with ``weights_only=True`` (mmengine's
     logging types allow-listed, see :mod:`kcla_mm.utils.checkpoint_safety`);
     on torch < 2.6, which has no allow-list, as mmengine loads it there
-    (:func:`kcla_mm.torch_compat.load_checkpoint_file`).
+    (:func:`kcla_mm.utils.checkpoint_loading.load_checkpoint`).
 
     Raises:
         CheckpointPublishError: ``in_file`` is missing, is not a PyTorch
-            file, or is not a dict with a ``state_dict`` of tensors.
+            file, holds NaN or Inf tensors, or is not a dict with a
+            ``state_dict`` of tensors.
     """
-    if not osp.isfile(in_file):
-        raise CheckpointPublishError(f'{in_file}: no such file')
     try:
-        checkpoint = load_checkpoint_file(in_file)
-    # Whatever a non-checkpoint makes the unpickler raise (UnpicklingError,
-    # RuntimeError, KeyError on a text file, ...), the answer is the same.
-    except Exception as exc:  # noqa: B902
-        first_line = str(exc).strip().splitlines()[0] if str(exc) else ''
+        checkpoint = load_checkpoint(in_file)
+    except CheckpointFileError as exc:
+        if exc.missing:
+            raise CheckpointPublishError(str(exc)) from None
         loader = ('weights_only=True'
                   if WEIGHTS_ONLY_ALLOW_LIST else 'torch.load')
         raise CheckpointPublishError(
             f'{in_file} is not a PyTorch checkpoint that loads with {loader} '
-            f'({type(exc).__name__}: {first_line})') from exc
+            f'({exc.detail})') from None
+    except CheckpointError as exc:  # non-finite tensors
+        raise CheckpointPublishError(str(exc)) from None
     if not isinstance(checkpoint, dict) or 'state_dict' not in checkpoint:
         found = (
             sorted(map(str, checkpoint))

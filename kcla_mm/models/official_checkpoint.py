@@ -14,9 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-import torch
 from torch import Tensor
 
+from ..utils.checkpoint_loading import (CheckpointError, CheckpointFileError,
+                                        load_checkpoint)
 from .backbones import KCLAResNet, KCLAResNetCIFAR
 from .backbones.cifar_resnet import CIFAR_BLOCKS
 
@@ -88,13 +89,18 @@ class ConversionResult:
 
 def load_official_state_dict(path: str) -> Dict[str, Tensor]:
     """Loads the model weights of an official checkpoint (weights only)."""
-    if not osp.isfile(path):
-        raise OfficialCheckpointError(f'{path}: no such file')
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as exc:
+        # The official checkpoints hold only tensors and plain containers:
+        # weights_only=True on every torch.
+        ckpt = load_checkpoint(path, weights_only=True)
+    except CheckpointFileError as exc:
+        if exc.missing:
+            raise OfficialCheckpointError(str(exc)) from None
         raise OfficialCheckpointError(
-            f'{path} is not a loadable torch checkpoint ({exc})') from exc
+            f'{path} is not a loadable torch checkpoint ({exc.detail})'
+        ) from None
+    except CheckpointError as exc:  # non-finite tensors
+        raise OfficialCheckpointError(str(exc)) from None
     if isinstance(ckpt, dict) and isinstance(ckpt.get('state_dict'), dict):
         state = ckpt['state_dict']
     elif isinstance(ckpt, dict):

@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import os.path as osp
+import sys
 from typing import Optional
 
 import torch
@@ -27,6 +28,7 @@ from kcla_mm.analysis.key_similarity import (la_key_similarity,
 from kcla_mm.analysis.model_loading import (config_and_backbone,
                                             describe_weights, load_backbone,
                                             read_image)
+from kcla_mm.utils.checkpoint_loading import CheckpointError
 
 
 def parse_args(argv=None):
@@ -59,7 +61,10 @@ def main(argv=None):
     cfg, la_cfg = config_and_backbone(args.config, 'LAResNet',
                                       args.cfg_options)
     checkpoint = checkpoint_arg(args)
-    model = load_backbone(cfg, checkpoint, la_cfg)
+    try:
+        model = load_backbone(cfg, checkpoint, la_cfg)
+    except CheckpointError as exc:  # one line naming the file
+        sys.exit(f'error: {exc}')
     matrices = la_key_similarity(model, read_image(args.image, args.size, cfg))
 
     import matplotlib

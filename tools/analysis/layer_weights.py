@@ -20,6 +20,7 @@ import argparse
 import logging
 import os
 import os.path as osp
+import sys
 from typing import Optional
 
 import numpy as np
@@ -32,6 +33,7 @@ from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
 from kcla_mm.analysis.model_loading import (config_and_backbone,
                                             describe_weights, load_backbone,
                                             read_image)
+from kcla_mm.utils.checkpoint_loading import CheckpointError
 
 # KCLA-only options that MRLA-light does not take.
 KCLA_ONLY = ('temperature_range', 'clamp', 'kcla_drop_path', 'renorm_blocks')
@@ -104,10 +106,14 @@ def main(argv=None):
     cfg, kcla_cfg = config_and_backbone(args.config, 'KCLAResNet',
                                         args.cfg_options)
     checkpoint = checkpoint_arg(args)
-    kcla = load_backbone(cfg, checkpoint, kcla_cfg)
     mrla_light_cfg = {k: v for k, v in kcla_cfg.items() if k not in KCLA_ONLY}
     mrla_light_cfg['type'] = 'MRLALightResNet'
-    mrla_light = load_backbone(cfg, args.mrla_light_checkpoint, mrla_light_cfg)
+    try:
+        kcla = load_backbone(cfg, checkpoint, kcla_cfg)
+        mrla_light = load_backbone(cfg, args.mrla_light_checkpoint,
+                                   mrla_light_cfg)
+    except CheckpointError as exc:  # one line naming the file
+        sys.exit(f'error: {exc}')
     x = read_image(args.image, args.size, cfg)
 
     panels = [('KCLA  w_i / Z_t', kcla_normalised_weights(kcla, x),

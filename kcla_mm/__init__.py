@@ -5,12 +5,14 @@ Importing the package (what ``custom_imports = dict(imports=['kcla_mm'])``
 does) registers the backbones in mmdet's and mmseg's MODELS (and in
 mmpretrain's when the optional extra is installed), the UNet head in mmseg's
 MODELS, the medical datasets and the foreground-IoU metric in mmseg's
-registries, and allow-lists the types of mmengine training checkpoints for
-``torch.load(weights_only=True)`` (:mod:`kcla_mm.utils.checkpoint_safety`).
+registries, :class:`~kcla_mm.engine.RandomStateHook` in mmengine's HOOKS
+(so in every scope's), and allow-lists the types of mmengine training
+checkpoints for ``torch.load(weights_only=True)``
+(:mod:`kcla_mm.utils.checkpoint_safety`).
 Nothing else: inferencers (:mod:`kcla_mm.apis`), the model zoo and the
 analysis helpers load when they are imported.
 """
-from . import datasets, evaluation, models  # noqa: F401  registration
+from . import datasets, engine, evaluation, models  # noqa: F401  registration
 from .models import (KCLALayer, KCLAResNet, KCLAState, LAResNet,
                      MRLALightResNet, UNetHead)
 from .utils.checkpoint_safety import allow_mmengine_checkpoint_types

@@ -10,6 +10,7 @@ _base_ = [
     'mmpretrain::_base_/default_runtime.py',
 ]
 custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
+custom_hooks = [dict(type='RandomStateHook')]  # resume repeats the run
 
 model = dict(
     backbone=dict(

@@ -6,6 +6,7 @@
 # deeplabv3plus_kcla-r50-d8.py swaps in KCLAResNetV1c.
 _base_ = 'mmseg::_base_/models/deeplabv3plus_r50-d8.py'
 custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
+custom_hooks = [dict(type='RandomStateHook')]  # resume repeats the run
 crop_size = (256, 256)
 model = dict(
     data_preprocessor=dict(size=crop_size),

@@ -2,6 +2,7 @@
 # small) and a top-down UNetHead back to full resolution, 2 classes,
 # cross-entropy + Dice loss. unet_r18.py swaps in a plain ResNet-18 encoder.
 custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
+custom_hooks = [dict(type='RandomStateHook')]  # resume repeats the run
 norm_cfg = dict(type='BN', requires_grad=True)
 crop_size = (256, 256)
 data_preprocessor = dict(

@@ -11,6 +11,7 @@
 #   --cfg-options model.backbone.init_cfg.checkpoint=PATH
 _base_ = 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py'
 custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
+custom_hooks = [dict(type='RandomStateHook')]  # resume repeats the run
 
 model = dict(
     backbone=dict(

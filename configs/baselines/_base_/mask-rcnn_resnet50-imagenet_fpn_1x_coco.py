@@ -4,6 +4,7 @@
 # weights, as in faster-rcnn_resnet50-imagenet_fpn_1x_coco.py (see there).
 _base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
 custom_imports = dict(imports=['kcla_mm'], allow_failed_imports=False)
+custom_hooks = [dict(type='RandomStateHook')]  # resume repeats the run
 
 model = dict(
     backbone=dict(

@@ -1,0 +1,8 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+from .random_state_hook import (RandomStateHook, epoch_worker_seed,
+                                get_random_state, set_random_state)
+
+__all__ = [
+    'RandomStateHook', 'epoch_worker_seed', 'get_random_state',
+    'set_random_state'
+]

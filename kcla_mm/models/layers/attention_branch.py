@@ -6,11 +6,13 @@ paper's Algorithm 1, the drop-path residual and a few tensor helpers.
 Sharing them keeps a comparison of the three layers a comparison of their
 aggregation rules only.
 """
+import contextlib
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import ContextManager, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmcv.cnn import build_conv_layer
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -18,22 +20,55 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ...torch_compat import is_autocast_enabled
 
 
-def at_least_fp32(t: Tensor) -> Tensor:
-    """fp16/bf16 -> fp32; fp32 and fp64 stay as they are.
-
-    Layer weights, keys and states are kept at least in fp32: the sum of
-    ``exp(.)`` (up to e^10 per layer) overflows fp16 after a few layers.
-    """
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
 def spatial_mean(x: Tensor) -> Tensor:
-    """Global average pool to (N, C).
+    """Global average pool to (N, C), summed and returned in at least fp32
+    (fp64 stays fp64).
 
-    ``sum / HW`` rather than ``mean``: mean's backward writes a full-size
-    gradient, sum's is a broadcast view.
+    An fp16 sum over H x W passes 65504 as soon as a channel of a
+    256 x 256 map averages 1.0 (a stage-1 map of a 1333 x 800 image has
+    66,800 pixels): inf there makes the key norm inf and the state NaN.
+    An fp32 input is summed as it is, without a copy. ``sum / HW`` rather
+    than ``mean``: mean's backward writes a full-size gradient, sum's is a
+    broadcast view (cast back to ``x``'s dtype).
     """
-    return x.sum((2, 3)) / (x.shape[2] * x.shape[3])
+    acc_dtype = torch.promote_types(x.dtype, torch.float32)
+    return x.sum((2, 3), dtype=acc_dtype) / (x.shape[2] * x.shape[3])
+
+
+def full_precision(device_type: str) -> ContextManager:
+    """Autocast off, where it is on, for ops on pooled vectors.
+
+    Autocast runs conv1d, linear and matmul in fp16/bf16 whatever their
+    inputs' dtype; the pooled statistics, keys, queries and the logits and
+    norms made from them are (N, C)-sized, so keeping them in fp32 costs
+    nothing measurable, and a key rounded to fp16 would put its error,
+    times up to 10 (the clamp), into ``exp(||K|| / tau)``.
+    """
+    if is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def pooled_conv(conv: nn.Conv1d, pooled: Tensor) -> Tensor:
+    """``conv(pooled)`` over pooled channels (N, 1, C) in ``pooled``'s dtype
+    (at least fp32, see :func:`spatial_mean`), whatever autocast and the
+    conv's weight dtype (a ``.half()`` model) are; the module itself runs
+    where neither interferes, so that its hooks see the call."""
+    if (conv.weight.dtype == pooled.dtype
+            and not is_autocast_enabled(pooled.device.type)):
+        return conv(pooled)
+    bias = None if conv.bias is None else conv.bias.to(pooled.dtype)
+    with full_precision(pooled.device.type):
+        return F.conv1d(pooled, conv.weight.to(pooled.dtype), bias,
+                        conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
+def pooled_linear(t: Tensor, weight: Tensor) -> Tensor:
+    """``F.linear(t, weight)`` (no bias) on a pooled-vector statistic, in
+    ``t``'s dtype whatever autocast and ``weight``'s dtype are (see
+    :func:`pooled_conv`)."""
+    with full_precision(t.device.type):
+        return F.linear(t, weight.to(t.dtype))
 
 
 def eca_kernel_size(channels: int, gamma: int = 2, beta: int = 1) -> int:

@@ -28,12 +28,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...torch_compat import is_autocast_enabled
-from .attention_branch import (adapt_state, add_branch, at_least_fp32,
-                               bn_affine, grouped_strided_input,
+from .attention_branch import (adapt_state, add_branch, bn_affine,
+                               full_precision, grouped_strided_input,
                                head_scaled_add, is_frozen_bn,
                                is_plain_pointwise, matmul_adapts,
-                               per_sample_weight, scale_branch, scaled_adapt,
-                               spatial_mean)
+                               per_sample_weight, pooled_conv, pooled_linear,
+                               scale_branch, scaled_adapt, spatial_mean)
 from .kcla_state import STATE_EPS, KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,13 +41,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def fused_query_key(layer: 'KCLALayer', x: Tensor) -> Tuple[Tensor, Tensor]:
-    """:meth:`KCLALayer.query_key` in one conv1d."""
-    qk = F.conv1d(
-        spatial_mean(x)[:, None],
-        torch.cat([layer.query_conv.weight, layer.key_conv.weight]),
-        padding=layer.query_conv.padding)
-    query, key = at_least_fp32(qk).view(-1, 2, layer.num_heads,
-                                        layer.head_dim).unbind(1)
+    """:meth:`KCLALayer.query_key` in one conv1d, in the pooled vector's
+    (at least fp32) dtype (see :func:`.pooled_conv`)."""
+    pooled = spatial_mean(x)[:, None]
+    weight = torch.cat([layer.query_conv.weight, layer.key_conv.weight])
+    with full_precision(x.device.type):
+        qk = F.conv1d(
+            pooled, weight.to(pooled.dtype), padding=layer.query_conv.padding)
+    query, key = qk.view(-1, 2, layer.num_heads, layer.head_dim).unbind(1)
     return query, key
 
 
@@ -140,8 +141,8 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
 def renormalised_weights(layer: 'KCLALayer', mean: Tensor) -> Tensor:
     """Algorithm 1's new per-head weights Z' from the spatial mean (N, C)
     of the adapted, normalised state."""
-    key = at_least_fp32(layer.state_key_conv(mean[:, None])).view(
-        -1, layer.num_heads, layer.head_dim)
+    key = pooled_conv(layer.state_key_conv,
+                      mean[:, None]).view(-1, layer.num_heads, layer.head_dim)
     return layer.layer_weight(torch.linalg.vector_norm(key, dim=2))
 
 
@@ -211,10 +212,7 @@ def gate_and_weight(layer: 'KCLALayer', query: Tensor,
     w = layer.layer_weight(k_norm)
     # ||Q|| cos(theta) = <Q, K> / ||K||, with the norm computed once.
     q_cos = torch.linalg.vecdot(query, key) / k_norm.clamp_min(1e-12)
-    gate = torch.sigmoid(
-        at_least_fp32(
-            F.linear(
-                q_cos.to(layer.head_mix.weight.dtype), layer.head_mix.weight)))
+    gate = torch.sigmoid(pooled_linear(q_cos, layer.head_mix.weight))
     return gate, w
 
 

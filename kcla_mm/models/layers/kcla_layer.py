@@ -12,7 +12,10 @@ from the official code without changing its fp32 result:
   ``find_unused_parameters``;
 * the recurrent state is kept in fp32 whatever the activations' dtype,
   because the official sum of ``exp(.)`` (up to e^10 per layer) overflows
-  fp16 after a few layers.
+  fp16 after a few layers; so are the pooled statistics (summed in fp32:
+  an fp16 sum over a stage-1 map of a 1333 x 800 image overflows as soon
+  as a channel averages about 1), Q, K, their norms and the gate, in every
+  implementation.
 """
 from typing import Optional, Sequence, Tuple
 
@@ -23,9 +26,10 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .attention_branch import (add_branch, at_least_fp32, build_state_adapter,
+from .attention_branch import (add_branch, build_state_adapter,
                                check_branch_args, eca_conv1d, init_cfg_list,
-                               scale_branch, spatial_mean, zero_branch_scale)
+                               pooled_conv, pooled_linear, scale_branch,
+                               spatial_mean, zero_branch_scale)
 from .kcla_compiled import (compiled_applies, compiled_forward, extension,
                             require_extension)
 from .kcla_fused import fused_forward
@@ -200,10 +204,10 @@ class KCLALayer(BaseModule):
 
     def query_key(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """Q = conv1d_q(GAP(X)) and K = conv1d_k(GAP(X)), each of shape
-        (N, heads, head_dim), at least fp32."""
+        (N, heads, head_dim), at least fp32 (:func:`.pooled_conv`)."""
         pooled = spatial_mean(x)[:, None]
-        query = at_least_fp32(self.query_conv(pooled))
-        key = at_least_fp32(self.key_conv(pooled))
+        query = pooled_conv(self.query_conv, pooled)
+        key = pooled_conv(self.key_conv, pooled)
         return self.split_heads(query[:, 0]), self.split_heads(key[:, 0])
 
     def layer_weight(self, key_norm: Tensor) -> Tensor:
@@ -213,13 +217,12 @@ class KCLALayer(BaseModule):
 
     def gate(self, query: Tensor, key: Tensor) -> Tensor:
         """gate_h = sigmoid(Phi(||Q_h|| cos(Q_h, K_h))), of shape
-        (N, heads); ||Q|| cos = <Q, K> / ||K||."""
+        (N, heads), in ``query``'s and ``key``'s (at least fp32) dtype;
+        ||Q|| cos = <Q, K> / ||K||."""
         key_norm = torch.linalg.vector_norm(key, dim=2)
         # The clamp only guards K = 0.
         q_cos = (query * key).sum(2) / key_norm.clamp_min(1e-12)
-        phi = F.linear(
-            q_cos.to(self.head_mix.weight.dtype), self.head_mix.weight)
-        return torch.sigmoid(at_least_fp32(phi))
+        return torch.sigmoid(pooled_linear(q_cos, self.head_mix.weight))
 
     def renormalise(self, state: KCLAState) -> KCLAState:
         """Algorithm 1: carry the state across a change of width or size
@@ -236,7 +239,8 @@ class KCLALayer(BaseModule):
             a = self.state_adapt(a)
         a = self.state_norm(a)
         key = self.split_heads(
-            at_least_fp32(self.state_key_conv(spatial_mean(a)[:, None]))[:, 0])
+            pooled_conv(self.state_key_conv,
+                        spatial_mean(a)[:, None])[:, 0])
         z = self.layer_weight(torch.linalg.vector_norm(key, dim=2))
         u = (self.split_heads(a) * z[..., None, None, None]).flatten(1, 2)
         return KCLAState(u, z)

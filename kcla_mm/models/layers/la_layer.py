@@ -20,10 +20,10 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .attention_branch import (add_branch, at_least_fp32, build_state_adapter,
-                               check_branch_args, eca_conv1d, head_scaled_add,
-                               init_cfg_list, scale_branch, spatial_mean,
-                               zero_branch_scale)
+from .attention_branch import (add_branch, build_state_adapter,
+                               check_branch_args, eca_conv1d, full_precision,
+                               head_scaled_add, init_cfg_list, pooled_conv,
+                               scale_branch, spatial_mean, zero_branch_scale)
 
 
 class LAState(NamedTuple):
@@ -122,8 +122,9 @@ class LALayer(BaseModule):
     @staticmethod
     def _key(conv: nn.Conv1d, pooled: Tensor) -> Tensor:
         """ECA-style 1-D conv over pooled channels, (N, C) -> (N, C), at
-        least fp32 (the softmax logits are accumulated in it)."""
-        return at_least_fp32(conv(pooled[:, None])[:, 0])
+        least fp32 (the softmax logits are accumulated in it; see
+        :func:`.pooled_conv`)."""
+        return pooled_conv(conv, pooled[:, None])[:, 0]
 
     def adapt(self, state: LAState) -> LAState:
         """Maps the whole cache to this stage's width and size."""
@@ -139,7 +140,9 @@ class LALayer(BaseModule):
         n, t, _ = keys.shape
         query = query.view(n, self.num_heads, 1, self.head_dim)
         keys = keys.view(n, t, self.num_heads, self.head_dim).transpose(1, 2)
-        logits = (query @ keys.transpose(2, 3))[:, :, 0]
+        # Autocast would run the matmul, and round the logits, in fp16.
+        with full_precision(query.device.type):
+            logits = (query @ keys.transpose(2, 3))[:, :, 0]
         return torch.softmax(logits / math.sqrt(self.head_dim), dim=-1)
 
     def forward(self, x: Tensor,

@@ -26,8 +26,8 @@ from torch import Tensor
 
 from .attention_branch import (add_branch, build_state_adapter,
                                check_branch_args, eca_conv1d, head_scaled_add,
-                               init_cfg_list, scale_branch, spatial_mean,
-                               zero_branch_scale)
+                               init_cfg_list, pooled_conv, scale_branch,
+                               spatial_mean, zero_branch_scale)
 
 
 class MRLALightLayer(BaseModule):
@@ -119,11 +119,12 @@ class MRLALightLayer(BaseModule):
 
     def gate(self, x: Tensor) -> Tensor:
         """sigmoid(<Q_h, K_h> / sqrt(head_dim)) of a block output, the
-        weight of its own value, (N, heads)."""
+        weight of its own value, (N, heads), computed in at least fp32 from
+        the fp32 pooled vector (see :func:`.spatial_mean`)."""
         pooled = spatial_mean(x)[:, None]
         shape = (x.shape[0], self.num_heads, self.head_dim)
-        query = self.query_conv(pooled).view(shape)
-        key = self.key_conv(pooled).view(shape)
+        query = pooled_conv(self.query_conv, pooled).view(shape)
+        key = pooled_conv(self.key_conv, pooled).view(shape)
         return torch.sigmoid((query * key).sum(2) / math.sqrt(self.head_dim))
 
     def adapt(self, state: Tensor) -> Tensor:

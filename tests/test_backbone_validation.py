@@ -20,7 +20,7 @@ from mmseg.models.backbones import ResNet as MMSegResNet
 from mmseg.registry import MODELS as MMSEG_MODELS
 
 import kcla_mm  # noqa: F401  (registers the backbones)
-from kcla_mm.models.backbones import CrossLayerResNetMixin
+from kcla_mm.models.backbones.cross_layer_resnet import CrossLayerResNetMixin
 
 REGISTRY = {'mmdet': MMDET_MODELS, 'mmseg': MMSEG_MODELS}
 UPSTREAM = {'mmdet': MMDetResNet, 'mmseg': MMSegResNet}

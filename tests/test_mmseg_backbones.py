@@ -10,8 +10,9 @@ from mmseg.models.backbones import ResNetV1c, ResNetV1d
 from mmseg.registry import MODELS as MMSEG_MODELS
 
 from kcla_mm.models import KCLAResNet
-from kcla_mm.models.backbones import (MMSegCrossLayerResNet, MMSegKCLAResNet,
-                                      MMSegKCLAResNetV1c, MMSegKCLAResNetV1d)
+from kcla_mm.models.backbones import (MMSegKCLAResNet, MMSegKCLAResNetV1c,
+                                      MMSegKCLAResNetV1d)
+from kcla_mm.models.backbones.cross_layer_resnet import MMSegCrossLayerResNet
 from helpers import assert_close_to_max
 from official_reference import OFFICIAL_TO_MM, OfficialKCLA, randomise_
 

@@ -86,3 +86,22 @@ def test_import_time_is_the_upstream_packages():
             total_us = int(cumulative_us)
     assert total_us > 0
     assert own_us < 0.1 * total_us, (own_us, total_us)
+
+
+def test_backbones_all_is_the_registered_backbones():
+    """``kcla_mm.models.backbones.__all__`` is the public surface: every
+    backbone class kcla_mm registers in mmdet's or mmseg's MODELS, and
+    nothing else (the mixins and the machinery stay internal)."""
+    import kcla_mm.models.backbones as backbones
+    from mmdet.registry import MODELS as DET
+    from mmseg.registry import MODELS as SEG
+    registered = {
+        cls
+        for registry in (DET, SEG)
+        for cls in registry.module_dict.values()
+        if cls.__module__.startswith('kcla_mm.models.backbones.')
+    }
+    public = {getattr(backbones, name) for name in backbones.__all__}
+    assert public == registered, (
+        sorted(c.__name__ for c in public - registered),
+        sorted(c.__name__ for c in registered - public))

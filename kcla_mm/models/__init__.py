@@ -2,15 +2,13 @@
 """Backbones, layers and heads; each class registers itself where it is
 defined (backbones in mmdet's and mmseg's MODELS, and mmpretrain's when
 it is installed; the UNet head in mmseg's)."""
-from .backbones import (CrossLayerResNet, KCLAResNet, KCLAResNetCIFAR,
-                        LAResNet, LAResNetCIFAR, MRLALightResNet,
-                        MRLALightResNetCIFAR, ResNetCIFAR)
+from .backbones import (KCLAResNet, KCLAResNetCIFAR, LAResNet, LAResNetCIFAR,
+                        MRLALightResNet, MRLALightResNetCIFAR, ResNetCIFAR)
 from .decode_heads import UNetHead
 from .layers import KCLALayer, KCLAState, LALayer, LAState, MRLALightLayer
 
 __all__ = [
-    'CrossLayerResNet', 'KCLAResNet', 'KCLAResNetCIFAR', 'KCLALayer',
-    'KCLAState', 'LAResNet', 'LAResNetCIFAR', 'LALayer', 'LAState',
-    'MRLALightLayer', 'MRLALightResNet', 'MRLALightResNetCIFAR', 'ResNetCIFAR',
-    'UNetHead'
+    'KCLAResNet', 'KCLAResNetCIFAR', 'KCLALayer', 'KCLAState', 'LAResNet',
+    'LAResNetCIFAR', 'LALayer', 'LAState', 'MRLALightLayer', 'MRLALightResNet',
+    'MRLALightResNetCIFAR', 'ResNetCIFAR', 'UNetHead'
 ]

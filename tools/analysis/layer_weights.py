@@ -50,9 +50,6 @@ def parse_args(argv=None):
         help='ignore CHECKPOINT: randomly initialised model')
     parser.add_argument(
         '--mrla-light-checkpoint',
-        # The option's name before MRLA-light had one spelling.
-        '--mrlal-checkpoint',
-        dest='mrla_light_checkpoint',
         default=None,
         help='MRLALightResNet weights of the same depth/width')
     parser.add_argument('--out', default='layer_weights.png')

@@ -1,28 +1,22 @@
-from .cifar_resnet import (CIFARLayoutMixin, KCLAResNetCIFAR, LAResNetCIFAR,
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""The registered layer-attention backbones. The machinery they share
+(the cross-layer ResNet and ResLayer mixins, argument checks, errors) is
+internal: import it from its module where a test or a subclass needs it."""
+from .cifar_resnet import (KCLAResNetCIFAR, LAResNetCIFAR,
                            MRLALightResNetCIFAR, ResNetCIFAR)
-from .cross_layer_resnet import (CrossLayerResLayer, CrossLayerResLayerMixin,
-                                 CrossLayerResNet, CrossLayerResNetMixin,
-                                 MMSegCrossLayerResLayer,
-                                 MMSegCrossLayerResNet)
-from .errors import (BackboneAssertionError, BackboneAttributeError,
-                     BackboneIndexError, BackboneKeyError, BackboneTypeError)
-from .kcla_resnet import KCLAResNet, KCLAResNetMixin
-from .la_resnet import LAResNet, LAResNetMixin
+from .kcla_resnet import KCLAResNet
+from .la_resnet import LAResNet
 from .mmseg_resnet import (MMSegKCLAResNet, MMSegKCLAResNetV1c,
                            MMSegKCLAResNetV1d, MMSegLAResNet, MMSegLAResNetV1c,
                            MMSegLAResNetV1d, MMSegMRLALightResNet,
                            MMSegMRLALightResNetV1c, MMSegMRLALightResNetV1d)
-from .mrla_light_resnet import MRLALightResNet, MRLALightResNetMixin
+from .mrla_light_resnet import MRLALightResNet
 
 __all__ = [
-    'BackboneAssertionError', 'BackboneAttributeError', 'BackboneIndexError',
-    'BackboneKeyError', 'BackboneTypeError', 'CIFARLayoutMixin',
-    'CrossLayerResLayer', 'CrossLayerResLayerMixin', 'CrossLayerResNet',
-    'CrossLayerResNetMixin', 'KCLAResNet', 'KCLAResNetCIFAR',
-    'KCLAResNetMixin', 'LAResNet', 'LAResNetCIFAR', 'LAResNetMixin',
-    'MMSegCrossLayerResLayer', 'MMSegCrossLayerResNet', 'MMSegKCLAResNet',
-    'MMSegKCLAResNetV1c', 'MMSegKCLAResNetV1d', 'MMSegLAResNet',
-    'MMSegLAResNetV1c', 'MMSegLAResNetV1d', 'MMSegMRLALightResNet',
-    'MMSegMRLALightResNetV1c', 'MMSegMRLALightResNetV1d', 'MRLALightResNet',
-    'MRLALightResNetCIFAR', 'MRLALightResNetMixin', 'ResNetCIFAR'
+    'KCLAResNet', 'KCLAResNetCIFAR', 'LAResNet', 'LAResNetCIFAR',
+    'MMSegKCLAResNet', 'MMSegKCLAResNetV1c', 'MMSegKCLAResNetV1d',
+    'MMSegLAResNet', 'MMSegLAResNetV1c', 'MMSegLAResNetV1d',
+    'MMSegMRLALightResNet', 'MMSegMRLALightResNetV1c',
+    'MMSegMRLALightResNetV1d', 'MRLALightResNet', 'MRLALightResNetCIFAR',
+    'ResNetCIFAR'
 ]

@@ -21,7 +21,7 @@ class MRLALightResNetMixin:
                  mrla_light_drop_path: float = 0.2,
                  **kwargs):
         check_rate('mrla_light_drop_path', mrla_light_drop_path)
-        self.mrla_cfg = self.shared_layer_cfg(
+        self.mrla_light_cfg = self.shared_layer_cfg(
             kwargs, head_dim=head_dim, drop_path=mrla_light_drop_path)
         super().__init__(depth=depth, head_dim=head_dim, **kwargs)
 
@@ -34,7 +34,7 @@ class MRLALightResNetMixin:
             state_stride=state_stride,
             # The network's very first block has no O^{t-1}.
             receives_state=state_channels is not None,
-            **self.mrla_cfg)
+            **self.mrla_light_cfg)
 
 
 # 'MRLALResNet': the name kcla_mm 0.1.0 registered; kept so that configs

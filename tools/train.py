@@ -106,9 +106,12 @@ def main(argv=None):
         check_pretrained_files(cfg)
     except PretrainedFileNotFoundError as exc:
         # The library names the config key; here is how to set it.
-        sys.exit(f'error: {exc}. The official KCLA ImageNet checkpoint '
-                 'converts with tools/model_converters/kcla_official2mm.py; '
-                 f'here: --cfg-options {exc.key}.checkpoint=PATH or '
+        sys.exit(f'error: {exc}. Train KCLA ImageNet weights with '
+                 'configs/kcla/kcla-r50_8xb32_in1k.py, convert an official '
+                 'checkpoint you have with '
+                 'tools/model_converters/kcla_official2mm.py, or start from '
+                 'plain ResNet weights (the *-warmstart config); here: '
+                 f'--cfg-options {exc.key}.checkpoint=PATH or '
                  f'{exc.key}=None')
     except (FileNotFoundError, ValueError) as exc:
         sys.exit(f'error: {exc}')

@@ -1,7 +1,7 @@
 # mmseg's DeepLabV3+ with its dilated ResNetV1c-50 on isic2018, 256x256, 2
 # classes, mmseg's 20k schedule with AdamW: the plain baseline of
 # deeplabv3plus_kcla-r50-d8_isic2018-256x256.py. Data:
-# tools/dataset_converters/ (README), in data/isic2018/ or --cfg-options
+# tools/dataset_converters/ (docs/tools.md), in data/isic2018/ or --cfg-options
 # data_root=PATH.
 _base_ = [
     '../_base_/models/deeplabv3plus_r50-d8.py',

@@ -1,8 +1,8 @@
 # mmseg's DeepLabV3+ with its dilated ResNetV1c-50 on kvasir-seg, 256x256, 2
 # classes, mmseg's 20k schedule with AdamW: the plain baseline of
 # deeplabv3plus_kcla-r50-d8_kvasir-seg-256x256.py. Data:
-# tools/dataset_converters/ (README), in data/kvasir-seg/ or --cfg-options
-# data_root=PATH.
+# tools/dataset_converters/ (docs/tools.md), in data/kvasir-seg/ or
+# --cfg-options data_root=PATH.
 _base_ = [
     '../_base_/models/deeplabv3plus_r50-d8.py',
     '../_base_/datasets/kvasir-seg.py', 'mmseg::_base_/default_runtime.py',

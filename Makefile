@@ -13,7 +13,7 @@ PRETRAIN_CONFIG := configs/kcla/demo/kcla-r18_1xb32_synthetic-imagenet.py
 PRETRAIN_DATA := data/synthetic_imagenet
 PRETRAIN_WORK := work_dirs/demo_pretrain
 
-.PHONY: setup setup-compat demo demo-pretrain test test-compat lint bench backbone-summary
+.PHONY: setup setup-compat demo demo-pretrain test test-quick test-compat lint bench backbone-summary
 
 setup:
 	bash scripts/setup_venv.sh main
@@ -48,6 +48,11 @@ demo-pretrain: setup-compat
 
 test: setup
 	$(PY) -m pytest tests -q
+
+# The inner loop: everything but the tests marked slow (subprocess
+# trainings, wheel builds, float64 R101 pairs); CI runs them all.
+test-quick: setup
+	$(PY) -m pytest tests -q -m 'not slow'
 
 test-compat: setup-compat
 	$(PY_COMPAT) -m pytest tests -q

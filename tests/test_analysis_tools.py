@@ -51,6 +51,7 @@ def memory_ratios(implementation):
     }
 
 
+@pytest.mark.slow
 def test_benchmark_backbone_measures_both_memory_settings():
     """Both train settings of the memory targets, and 'recompute' keeping
     less than the fused path in each."""
@@ -69,6 +70,7 @@ def resnet18_kcla():
 """
 
 
+@pytest.mark.slow
 def test_benchmark_backbone_adds_the_official_file(tmp_path):
     """``--official FILE`` builds ``resnet<depth>_kcla()`` from the user's
     file (a stand-in here: the real one is fetched by the user) into the
@@ -139,6 +141,7 @@ def test_phase_profile_times_every_phase_once_and_restores_them(
     assert [getattr(target, name) for target, name in targets] == originals
 
 
+@pytest.mark.slow
 def test_profile_kcla_prints_the_phases_beside_resnet():
     log = output_of(sys.executable, 'tools/analysis/profile_kcla.py',
                     '--depth', 18, '--size', 64, '--train-batch', 2,
@@ -152,6 +155,7 @@ def test_profile_kcla_prints_the_phases_beside_resnet():
     assert 'not in a phase' in log
 
 
+@pytest.mark.slow
 def test_depth_scaling_writes_csv_and_plot(tmp_path, capsys):
     load_tool('tools/analysis/depth_scaling.py').main([
         '--depths', '26', '50', '--base-channels', '8', '--head-dim', '8',

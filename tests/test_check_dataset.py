@@ -67,6 +67,7 @@ def check(tool, capsys, config, data_root, *options, splits=None):
 
 
 @pytest.mark.parametrize('kind', ['seg', 'det'])
+@pytest.mark.slow
 def test_clean_sets_pass(kind, tool, capsys, kvasir, coco):
     config, root = ((SEG_CONFIG, kvasir / 'data') if kind == 'seg' else
                     (DET_CONFIG, coco))
@@ -200,6 +201,7 @@ def test_coco_class_missing_from_the_annotations(tool, capsys, coco):
     assert f'{coco}/annotations/instances_train2017.json: empty split' in out
 
 
+@pytest.mark.slow
 def test_command_line_exit_status(kvasir, tmp_path):
     root = copy_of(kvasir / 'data', tmp_path)
     result = run(sys.executable, TOOL, SEG_CONFIG, '--cfg-options',
@@ -276,6 +278,7 @@ def prepare_kvasir(raw, out, *extra):
 
 @pytest.mark.parametrize('counts,option', [(('8', '0'), '--val=0'),
                                            (('0', '8'), '--train=0')])
+@pytest.mark.slow
 def test_kvasir_converter_refuses_an_empty_split(counts, option, kvasir,
                                                  tmp_path):
     out = tmp_path / 'out'
@@ -286,6 +289,7 @@ def test_kvasir_converter_refuses_an_empty_split(counts, option, kvasir,
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_kvasir_converter_refuses_an_empty_split_file(kvasir, tmp_path):
     ids = sorted(f[:-4] for f in os.listdir(kvasir / 'raw/Kvasir-SEG/images'))
     (tmp_path / 'train.txt').write_text('\n'.join(ids))
@@ -313,6 +317,7 @@ def isic2018_train_only(tmp_path_factory):
     (('0.1', '0.3'),
      'the val split would be empty (--val-ratio=0.1 of 4 samples)'),
 ])
+@pytest.mark.slow
 def test_isic_converter_refuses_an_empty_split(ratios, message,
                                                isic2018_train_only, tmp_path):
     out = tmp_path / 'out'

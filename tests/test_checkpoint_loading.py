@@ -177,6 +177,7 @@ def assert_one_line_error(output: str, path, message: str) -> None:
 
 
 @pytest.mark.parametrize('name', sorted(BAD_FILES))
+@pytest.mark.slow
 def test_load_checkpoint_refuses_in_one_line(bench, name):
     path = str(bench[name])
     with pytest.raises(loading.CheckpointError) as info:
@@ -295,6 +296,7 @@ def test_mmengine_loaders_of_other_schemes_are_checked(bench):
 
 @pytest.mark.parametrize('name',
                          ['nan_weight.pth', 'inf_bn.pth', 'truncated.pth'])
+@pytest.mark.slow
 def test_test_tool_refuses(bench, name, tmp_path):
     """tools/test.py used to exit 0 with empty results on NaN weights."""
     result = run(
@@ -315,6 +317,7 @@ def test_test_tool_refuses(bench, name, tmp_path):
                                       ('resume', 'nan_weight.pth'),
                                       ('resume', 'random.pth'),
                                       ('load_from', 'inf_bn.pth')])
+@pytest.mark.slow
 def test_train_tool_refuses(bench, how, name, tmp_path):
     """--resume and load_from used to train on loss: nan."""
     extra = (['--resume', bench[name]] if how == 'resume' else [])
@@ -337,6 +340,7 @@ def test_train_tool_refuses(bench, how, name, tmp_path):
 
 
 @pytest.mark.parametrize('name', ['nan_weight.pth', 'image.png'])
+@pytest.mark.slow
 def test_infer_tool_refuses(bench, name, tmp_path):
     result = run(
         sys.executable,

@@ -47,6 +47,7 @@ def save_official(model, path):
 
 
 @pytest.mark.parametrize('depth', [50, 101])
+@pytest.mark.slow
 def test_converted_official_checkpoint_gives_the_same_features(
         depth, tmp_path, repo_root):
     official = randomise_(OfficialKCLAResNet(depth)).eval()
@@ -85,6 +86,7 @@ def test_converted_official_checkpoint_gives_the_same_features(
         assert (a - b).abs().max() <= 1e-4 * b.abs().max()
 
 
+@pytest.mark.slow
 def test_training_forward_and_gradients_match_official_float64(
         float64, tmp_path, repo_root):
     official = randomise_(OfficialKCLAResNet(50))
@@ -110,6 +112,7 @@ def test_training_forward_and_gradients_match_official_float64(
             mine, p.grad.reshape(mine.shape), rtol=1e-7, atol=1e-12, msg=name)
 
 
+@pytest.mark.slow
 def test_converter_rejects_other_files(tmp_path, repo_root):
     (tmp_path / 'notes.txt').write_text('not a checkpoint')
     result = convert(repo_root, tmp_path / 'notes.txt', tmp_path / 'o.pth')

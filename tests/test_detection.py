@@ -77,6 +77,7 @@ def metrics(log, prefix):
 
 
 @pytest.mark.parametrize('name', list(CONFIGS))
+@pytest.mark.slow
 def test_config_trains_one_iteration_and_tests(name, coco_root, tmp_path,
                                                repo_root):
     config = CONFIGS[name]
@@ -101,6 +102,7 @@ def test_config_trains_one_iteration_and_tests(name, coco_root, tmp_path,
         assert 'coco/segm_mAP' in found and 'coco/segm_mAP_50' in found
 
 
+@pytest.mark.slow
 def test_resume_continues_at_the_right_iteration_with_weights_only(
         coco_root, tmp_path, repo_root):
     from kcla_mm.torch_compat import load_checkpoint_file
@@ -156,6 +158,7 @@ def test_allow_list_refuses_other_getattr():
         _history_buffer_getattr(HistoryBuffer, '__init__')
 
 
+@pytest.mark.slow
 def test_dist_train_two_cpu_processes(coco_root, tmp_path, repo_root):
     env = dict(
         os.environ,
@@ -202,6 +205,7 @@ def test_missing_backbone_checkpoint_fails_before_data_loading(
         f'data_root={tmp_path}/no_such_dataset', '')
 
 
+@pytest.mark.slow
 def test_infer_draws_predictions(coco_root, tmp_path, repo_root):
     config = CONFIGS['mask-r50']
     output_of(sys.executable, 'tools/train.py', config, '--work-dir',

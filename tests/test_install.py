@@ -168,6 +168,7 @@ def test_mmcv_compiled_ops_run_on_cpu():
     assert out.shape == (1, 1, 2, 2) and torch.isfinite(out).all()
 
 
+@pytest.mark.slow
 def test_rerunning_setup_changes_nothing():
 
     def freeze():
@@ -259,6 +260,7 @@ def extension_files(wheel):
         ]
 
 
+@pytest.mark.slow
 def test_wheel_installs_into_this_stack_and_replaces_nothing(tmp_path):
     """As a user of this stack would: the wheel's requirements are met by
     what is installed, so pip would add kcla_mm and touch nothing else

@@ -122,6 +122,7 @@ def det_predictions(repo_root, tmp_path, config, image, *weights):
     return json.load(open(out))
 
 
+@pytest.mark.slow
 def test_publish_name_hash_and_keys(release):
     published = release['published']
     name = osp.basename(published)
@@ -334,6 +335,7 @@ def test_package(release, model_server):
     return dict(site=str(site), env=clean_env(PYTHONPATH=str(site)))
 
 
+@pytest.mark.slow
 def test_mim_search_and_download_from_loopback(release, model_server,
                                                test_package, predictions,
                                                tmp_path, repo_root):
@@ -381,6 +383,7 @@ BY_NAME = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.slow
 def test_inference_by_name_fetches_the_index_weights(release, model_server,
                                                      test_package, predictions,
                                                      tmp_path, repo_root):
@@ -446,6 +449,7 @@ SEG_PREDICT = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.slow
 def test_segmentation_release_and_inference(release, tmp_path, repo_root):
     initial = tmp_path / 'unet.pth'
     run(sys.executable, 'tools/misc/save_initial_checkpoint.py', SEG_CONFIG,
@@ -528,6 +532,7 @@ def test_model_index_lists_every_config_and_only_measured_figures(repo_root):
     }
 
 
+@pytest.mark.slow
 def test_metafile_parameter_counts_are_the_models(repo_root):
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
@@ -570,6 +575,7 @@ def test_mim_search_lists_kcla_mm_models(repo_root):
     assert listed == names
 
 
+@pytest.mark.slow
 def test_get_flops_counts_the_kcla_layers(repo_root):
     log = run(sys.executable, 'tools/analysis/get_flops.py',
               'configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py',

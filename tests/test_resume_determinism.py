@@ -238,6 +238,7 @@ def epoch_losses(work_dir, epoch):
     return rows
 
 
+@pytest.mark.slow
 def test_demo_resumed_at_an_epoch_boundary_equals_the_straight_run(
         coco_root, tmp_path):
     """The run interrupted in epoch 2 is the straight run itself: its

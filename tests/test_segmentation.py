@@ -72,6 +72,7 @@ def prepared(tmp_path_factory):
 
 
 @pytest.mark.parametrize('layout', LAYOUTS)
+@pytest.mark.slow
 def test_preparation_counts_and_mask_values(layout, prepared):
     raw, data = prepared[layout]
     expected = (
@@ -88,6 +89,7 @@ def test_preparation_counts_and_mask_values(layout, prepared):
             str(data / '**' / '*superpixels*'), recursive=True)
 
 
+@pytest.mark.slow
 def test_isic2018_training_part_alone_is_split_with_seed(tmp_path):
     raw = tmp_path / 'raw'
     make_archive('isic2018', raw, 20, '--train-only')
@@ -99,6 +101,7 @@ def test_isic2018_training_part_alone_is_split_with_seed(tmp_path):
         os.listdir(tmp_path / 'b/img_dir/val'))
 
 
+@pytest.mark.slow
 def test_kvasir_split_files(tmp_path, prepared):
     raw, _ = prepared['kvasir']
     ids = sorted(f[:-4] for f in os.listdir(raw / 'Kvasir-SEG/images'))
@@ -120,6 +123,7 @@ def test_kvasir_split_files(tmp_path, prepared):
 
 
 @pytest.mark.parametrize('layout', LAYOUTS)
+@pytest.mark.slow
 def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
     raw = tmp_path / 'raw'
     make_archive(layout, raw, 8)
@@ -185,6 +189,7 @@ def seg_options(data_root, *extra, size=64):
 
 @pytest.mark.parametrize('encoder', ['kcla-r18', 'r18'])
 @pytest.mark.parametrize('dataset', list(CONFIG_DATA))
+@pytest.mark.slow
 def test_unet_config_trains_and_tests(dataset, encoder, prepared, tmp_path):
     config = f'configs/kcla/unet_{encoder}_{dataset}-256x256.py'
     _, data = prepared[CONFIG_DATA[dataset]]
@@ -223,6 +228,7 @@ TINY_DEEPLAB = [
 
 @pytest.mark.parametrize('encoder', ['kcla-r50-d8', 'r50-d8'])
 @pytest.mark.parametrize('dataset', ['kvasir-seg', 'isic2018'])
+@pytest.mark.slow
 def test_deeplabv3plus_config_trains_and_learns(dataset, encoder, prepared,
                                                 tmp_path):
     config = f'configs/kcla/deeplabv3plus_{encoder}_{dataset}-256x256.py'
@@ -270,6 +276,7 @@ def all_background_mdice(ann_dir):
     return 100 * (2 * inter_bg / union_bg) / 2
 
 
+@pytest.mark.slow
 def test_short_training_on_synthetic_isic_learns(tmp_path):
     raw, data = tmp_path / 'raw', tmp_path / 'isic2017'
     make_archive('isic2017', raw, 40, '--seed', '5')

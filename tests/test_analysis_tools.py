@@ -230,6 +230,31 @@ def test_layer_weights_loads_a_training_checkpoint(tmp_path, image):
         lw.main([LA_UNET, 'none', image])
 
 
+def test_backbone_weights_load_through_mmengine(tmp_path):
+    """mmengine's strict loading: a wrapped model's ``module.`` prefix is
+    stripped; a mismatch is one line naming the first keys of each kind."""
+    from kcla_mm.analysis.model_loading import load_backbone_weights
+    source = KCLAResNet(depth=18, base_channels=16, head_dim=8)
+    torch.save({
+        f'module.{k}': v
+        for k, v in source.state_dict().items()
+    }, tmp_path / 'wrapped.pth')
+    target = KCLAResNet(depth=18, base_channels=16, head_dim=8)
+    load_backbone_weights(target, str(tmp_path / 'wrapped.pth'))
+    for (name, a), b in zip(source.state_dict().items(),
+                            target.state_dict().values()):
+        assert torch.equal(a, b), name
+    wider = KCLAResNet(depth=18, base_channels=32, head_dim=8)
+    with pytest.raises(ValueError) as info:
+        load_backbone_weights(wider, str(tmp_path / 'wrapped.pth'), 'Wide')
+    message = str(info.value)
+    assert '\n' not in message
+    assert message.startswith(f'checkpoint {tmp_path / "wrapped.pth"} does '
+                              "not match the config's Wide: size mismatch "
+                              'for conv1.weight')
+    assert re.search(r'\d+ more of other shape$', message)
+
+
 def test_key_similarity_random_init_writes_plot(tmp_path, image, capsys):
     out = tmp_path / 'keys.png'
     load_tool('tools/analysis/key_similarity.py').main(

@@ -605,3 +605,31 @@ def test_get_flops_counts_the_kcla_layers(repo_root):
     params = int(
         re.search(r'Params: \S+ \(([\d,]+)\)', log).group(1).replace(',', ''))
     assert params > 0 and re.search(r'Flops: \S+ \([\d,]+;', log)
+
+
+def test_inferencers_resolve_names_before_the_parent_constructors():
+    """kcla_mm names become (Config, weights) for mmdet's and mmseg's
+    public constructors; no private method of theirs is overridden, and
+    other strings go to their own lookup unchanged."""
+    import warnings
+
+    from kcla_mm.apis import inferencers
+    from kcla_mm.model_zoo import load_model_index
+    for cls in (inferencers.KCLADetInferencer, inferencers.KCLASegInferencer):
+        assert not [
+            name for name in vars(cls)
+            if name.startswith('_') and not name.startswith(('__', '_abc'))
+        ], cls
+    info = next(iter(load_model_index().values()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        cfg, weights = inferencers._from_index(info.name.upper(), None,
+                                               'kcla_mm')
+    assert osp.realpath(cfg.filename) == osp.realpath(info.config)
+    assert weights == info.weights
+    assert bool(caught) == (info.weights is None)
+    assert inferencers._from_index(info.name, 'mine.pth',
+                                   'kcla_mm')[1] == 'mine.pth'
+    assert inferencers._from_index('retinanet_r50_fpn_1x_coco', None,
+                                   'kcla_mm') == ('retinanet_r50_fpn_1x_coco',
+                                                  None)

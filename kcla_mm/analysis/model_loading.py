@@ -2,6 +2,7 @@
 """Backbone, weights and image for the analysis tools."""
 import copy
 import os.path as osp
+from collections import OrderedDict
 from typing import Optional, Tuple
 
 import torch
@@ -42,19 +43,13 @@ def load_backbone(cfg: Config,
     when ``checkpoint`` is None, randomly initialised (its own init, not the
     config's ``Pretrained`` file).
 
-    The checkpoint may be a training checkpoint of a whole detector or
-    segmentor (its ``backbone.*`` keys are used) or a backbone state dict;
-    it is read with ``weights_only=True`` (mmengine's logging types
-    allow-listed; on torch < 2.6 as mmengine reads it there, see
-    :func:`kcla_mm.utils.checkpoint_loading.load_checkpoint`) and must match
-    the backbone exactly.
+    The checkpoint is loaded by :func:`load_backbone_weights`.
 
     Raises:
         CheckpointError: The file is missing, not a PyTorch checkpoint, or
             holds NaN/Inf tensors (one line naming the file).
         ValueError: Its keys or shapes do not match the backbone.
     """
-    from kcla_mm.utils.checkpoint_loading import load_checkpoint
     backbone_cfg = copy.deepcopy(
         backbone_cfg if backbone_cfg is not None else backbone_config(cfg))
     backbone_cfg['init_cfg'] = None
@@ -62,27 +57,88 @@ def load_backbone(cfg: Config,
     if checkpoint is None:
         model.init_weights()
     else:
-        ckpt = load_checkpoint(checkpoint)
-        state = ckpt.get('state_dict', ckpt)
-        if any(k.startswith('backbone.') for k in state):
-            state = {
-                k[len('backbone.'):]: v
-                for k, v in state.items() if k.startswith('backbone.')
-            }
-        own = model.state_dict()
-        missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own]
-        mismatched = [
-            k for k in own if k in state and state[k].shape != own[k].shape
-        ]
-        if missing or unexpected or mismatched:
-            raise ValueError(
-                f'checkpoint {checkpoint} does not match the config\'s '
-                f'{backbone_cfg["type"]}: missing {missing[:3]}, unexpected '
-                f'{unexpected[:3]}, other shape {mismatched[:3]} (first 3 '
-                'of each)')
-        model.load_state_dict(state)
+        load_backbone_weights(model, checkpoint, backbone_cfg['type'])
     return model.eval()
+
+
+def load_backbone_weights(model: nn.Module,
+                          checkpoint: str,
+                          name: Optional[str] = None) -> None:
+    """Loads ``checkpoint`` into the backbone ``model``; the keys and shapes
+    must match exactly.
+
+    The checkpoint may be a training checkpoint of a whole detector or
+    segmentor (its ``backbone.*`` keys are used) or a backbone state dict
+    (``module.`` prefixes of a wrapped model are stripped). mmengine loads
+    it (:meth:`mmengine.runner.CheckpointLoader.load_checkpoint`, so URLs
+    and ``torchvision://`` names work too) under
+    :func:`~kcla_mm.utils.checkpoint_loading.checked_checkpoint_loading`:
+    a local file is read as mmengine reads it on this torch
+    (``weights_only=True`` with mmengine's logging types allow-listed on
+    torch >= 2.6), and a bad file or NaN/Inf tensors are refused in one
+    line. The weights go in by mmengine's ``load_state_dict(...,
+    strict=True)``, as ``load_checkpoint(..., strict=True, revise_keys=...)``
+    would put them, except that ``revise_keys`` only renames keys and cannot
+    drop a detector's neck and head keys, which strict loading would report
+    as unexpected.
+
+    Args:
+        model (nn.Module): The backbone.
+        checkpoint (str): The file (or URL, ``torchvision://...``).
+        name (str, optional): The backbone's name in the error message.
+            Defaults to the model's class name.
+
+    Raises:
+        CheckpointError: The file is missing, not a PyTorch checkpoint, or
+            holds NaN/Inf tensors (one line naming the file).
+        ValueError: Its keys or shapes do not match the backbone.
+    """
+    from mmengine.runner import CheckpointLoader, load_state_dict
+
+    from kcla_mm.utils.checkpoint_loading import checked_checkpoint_loading
+    with checked_checkpoint_loading():
+        ckpt = CheckpointLoader.load_checkpoint(
+            checkpoint, map_location='cpu', logger='silent')
+    if not isinstance(ckpt, dict):
+        raise ValueError(f'checkpoint {checkpoint}: no state dict in it '
+                         f'(a {type(ckpt).__name__})')
+    state = ckpt.get('state_dict', ckpt)
+    prefix = 'backbone.' if any(k.startswith('backbone.')
+                                for k in state) else 'module.'
+    state = OrderedDict((k[len(prefix):] if k.startswith(prefix) else k, v)
+                        for k, v in state.items()
+                        if prefix == 'module.' or k.startswith(prefix))
+    try:
+        load_state_dict(model, state, strict=True, logger=None)
+    except RuntimeError as exc:
+        raise ValueError(
+            f'checkpoint {checkpoint} does not match the config\'s '
+            f'{name or type(model).__name__}: {_mismatch_summary(str(exc))}'
+        ) from None
+
+
+def _mismatch_summary(message: str, named: int = 3) -> str:
+    """mmengine's strict-loading message (one line per kind of mismatch,
+    listing every key) on one line, naming the first ``named`` keys of
+    each kind."""
+    parts = []
+    for line in message.splitlines():
+        line = line.strip()
+        if not line or line.startswith('The model and loaded state dict'):
+            continue
+        if line.startswith('size mismatch'):
+            parts.append(line.rstrip('.'))
+            continue
+        head, sep, keys = line.partition(': ')
+        keys = [k for k in keys.split(', ') if k]
+        more = f' ... ({len(keys)} in all)' if len(keys) > named else ''
+        parts.append(f'{head}{sep}{", ".join(keys[:named])}{more}')
+    shapes = [p for p in parts if p.startswith('size mismatch')]
+    others = [p for p in parts if not p.startswith('size mismatch')]
+    if len(shapes) > named:
+        shapes.append(f'{len(shapes) - named} more of other shape')
+        del shapes[named:-1]
+    return '; '.join(others + shapes)
 
 
 def read_image(path: str, size: int, cfg: Optional[Config] = None) -> Tensor:

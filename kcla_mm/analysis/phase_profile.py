@@ -2,99 +2,64 @@
 """Where a KCLA-ResNet's extra time goes: the wall time of each phase of
 the KCLA layers inside one eval forward and one train step.
 
-The phases are the functions that the layer's implementation calls
-(:data:`PHASES`); :func:`timed_phases` wraps them with timers for the
-duration of a ``with`` block. Timers are exclusive: a phase called inside
-another (Algorithm 1 replayed while the state tape recomputes a stage) is
-counted once, in its own row. What no phase covers (the autograd engine's
-work on the pooled vectors, drop-path masks, the layers' Python) is the
-difference between the KCLA and the ResNet step time, less the phases.
-Profiling is a measurement: nothing here asserts.
+The layers label their phases with ``torch.profiler.record_function``
+(``kcla::<name>``, :data:`kcla_mm.models.layers.profiling.PHASES`, emitted
+only while a profiler runs); :func:`timed_phases` runs
+``torch.profiler.profile`` over a ``with`` block and sums, per phase, the
+labels' CPU wall time. Times are exclusive: a phase inside another
+(Algorithm 1 replayed while the state tape recomputes a stage) is counted
+once, in its own row. What no phase covers (the autograd engine's work on
+the pooled vectors, drop-path masks, the layers' Python) is the difference
+between the KCLA and the ResNet step time, less the phases. The profiler
+records every operator in the block, which slows it somewhat: time the
+step itself outside :func:`timed_phases`. Profiling is a measurement:
+nothing here asserts.
 """
-import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterable, Iterator
 
-from ..models.layers import kcla_compiled, kcla_fused, kcla_recompute
+from torch.profiler import ProfilerActivity, profile
 
-#: (label, module or class, attribute) of each phase, per implementation;
-#: the module is the one whose global the layer's code looks up.
-PHASES: Dict[str, List[Tuple[str, object, str]]] = {
-    'compiled': [
-        ('Algorithm 1 (re-normalisation), forward', kcla_compiled,
-         'renormalise_in_forward'),
-        ('Algorithm 1 (re-normalisation), forward', kcla_recompute,
-         'fused_renormalise'),
-        ('Algorithm 1, backward', kcla_recompute, 'grads_of'),
-        ('pooled vectors (Q/K, weights, gate), C++, inference', 'extension',
-         'pooled_forward'),
-        ('pooled vectors (Q/K, weights, gate), PyTorch', kcla_recompute,
-         'fused_query_key'),
-        ('pooled vectors (Q/K, weights, gate), PyTorch', kcla_recompute,
-         'gate_and_weight'),
-        ('state update + branch, C++ forward', 'extension', 'branch_forward'),
-        ('state update + branch, C++ backward', 'extension',
-         'branch_backward'),
-        ('states recomputed for backward (tape)', kcla_recompute.StateTape,
-         'state'),
-    ],
-    'fused': [
-        ('Algorithm 1 (re-normalisation), forward', kcla_fused,
-         'renormalise_in_forward'),
-        ('pooled vectors (Q/K, weights, gate), PyTorch', kcla_fused,
-         'fused_query_key'),
-        ('pooled vectors (Q/K, weights, gate), PyTorch', kcla_fused,
-         'gate_and_weight'),
-        ('state update, PyTorch', kcla_fused, 'head_scaled_add'),
-        ('branch (folded conv, norm, ReLU), PyTorch', kcla_fused,
-         'folded_value'),
-        ('residual add, PyTorch', kcla_fused, 'add_branch'),
-    ],
-}
+from ..models.layers.profiling import PHASES, PREFIX
+
+__all__ = ['PHASES', 'timed_phases', 'phase_times']
 
 
-def resolve(owner: object) -> object:
-    """The object whose attribute is wrapped: ``'extension'`` stands for
-    the compiled kernels' module, which exists only where it was built."""
-    return kcla_compiled.require_extension() if owner == 'extension' else owner
+def _phase_name(event) -> str:
+    name = event.name
+    return name[len(PREFIX):] if name.startswith(PREFIX) else ''
+
+
+def _labelled_time(event) -> float:
+    """Microseconds of the nearest labelled events under ``event``."""
+    total = 0.0
+    for child in event.cpu_children:
+        if _phase_name(child) in PHASES:
+            total += child.cpu_time_total
+        else:
+            total += _labelled_time(child)
+    return total
+
+
+def phase_times(events: Iterable) -> Dict[str, float]:
+    """Exclusive seconds per phase description (:data:`PHASES`) of the
+    ``kcla::`` labels among a profiler's ``events()``."""
+    totals: Dict[str, float] = defaultdict(float)
+    for event in events:
+        name = _phase_name(event)
+        if name in PHASES:
+            exclusive = event.cpu_time_total - _labelled_time(event)
+            totals[PHASES[name]] += exclusive * 1e-6
+    return totals
 
 
 @contextmanager
-def timed_phases(implementation: str) -> Iterator[Dict[str, float]]:
-    """Within the block, the phases of ``implementation`` ('compiled' or
-    'fused', see :data:`PHASES`) add their exclusive wall time in seconds
-    to the yielded dict, by label."""
-    if implementation not in PHASES:
-        raise ValueError(f'implementation={implementation!r}: phases are '
-                         f'known for {sorted(PHASES)}')
-    totals: Dict[str, float] = defaultdict(float)
-    # Time spent in nested timed calls, per open call.
-    nested: List[float] = []
-    originals = []
-
-    def timer(label: str, fn):
-
-        def timed(*args, **kwargs):
-            nested.append(0.0)
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                elapsed = time.perf_counter() - start
-                totals[label] += elapsed - nested.pop()
-                if nested:
-                    nested[-1] += elapsed
-
-        return timed
-
-    try:
-        for label, owner, name in PHASES[implementation]:
-            target = resolve(owner)
-            fn = getattr(target, name)
-            originals.append((target, name, fn))
-            setattr(target, name, timer(label, fn))
+def timed_phases() -> Iterator[Dict[str, float]]:
+    """Profiles the block (CPU); when it ends, the yielded dict holds the
+    exclusive seconds of each KCLA phase that ran in it, by its
+    description in :data:`PHASES`."""
+    totals: Dict[str, float] = {}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
         yield totals
-    finally:
-        for target, name, fn in reversed(originals):
-            setattr(target, name, fn)
+    totals.update(phase_times(prof.events()))

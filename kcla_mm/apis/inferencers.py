@@ -4,11 +4,12 @@ kcla_mm's model names.
 
 mmengine's ``BaseInferencer`` resolves a model *name* only in the model
 index of its scope package (``mmdet`` for ``DetInferencer``), and the scope
-must stay mmdet/mmseg for the registries. These subclasses change just that
-lookup: a name is searched in kcla_mm's index first (see
-:mod:`kcla_mm.model_zoo.model_index`), then in the scope package's, so
-mmdet's and mmseg's own model names keep working. A config path or a Config
-object goes through unchanged, exactly as with the parent classes. Their
+must stay mmdet/mmseg for the registries; mmengine has no public way to
+name another package's index. These subclasses resolve a name of kcla_mm's
+index (see :mod:`kcla_mm.model_zoo.model_index`) to its Config and weights
+before handing them to the parents' constructors; any other string (a
+config path, an mmdet or mmseg model name) and a Config object go through
+unchanged, to the parents' own lookup. No private method is overridden. Their
 weights load through :func:`kcla_mm.utils.checkpoint_loading.load_checkpoint`
 (a bad file raises :class:`~kcla_mm.utils.checkpoint_loading.CheckpointError`
 naming it; NaN/Inf tensors are refused).
@@ -25,16 +26,23 @@ from ..model_zoo.model_index import find_model, get_model_info
 from ..utils.checkpoint_loading import checked_checkpoint_loading
 
 
-def _from_index(model: str, package: str,
-                fallback) -> Tuple[Config, Optional[str]]:
+def _from_index(model, weights: Optional[str],
+                package: str) -> Tuple[object, Optional[str]]:
+    """(model, weights) for the parent inferencer: a model name of
+    ``package``'s index becomes its Config and (unless ``weights`` is
+    given) its ``Weights``; anything else is returned as it is."""
+    if not isinstance(model, str) or osp.isfile(model):
+        return model, weights
     info = find_model(model, package)
     if info is None:
-        return fallback(model)
-    if info.weights is None:
-        warnings.warn(f'{info.name} has no released weights in the {package} '
-                      'model index: pass weights=CHECKPOINT, or the model '
-                      'keeps its initialisation')
-    return Config.fromfile(info.config), info.weights
+        return model, weights
+    if weights is None:
+        weights = info.weights
+        if weights is None:
+            warnings.warn(f'{info.name} has no released weights in the '
+                          f'{package} model index: pass weights=CHECKPOINT, '
+                          'or the model keeps its initialisation')
+    return Config.fromfile(info.config), weights
 
 
 class KCLADetInferencer(DetInferencer):
@@ -57,12 +65,9 @@ class KCLADetInferencer(DetInferencer):
                  package: str = 'kcla_mm',
                  **kwargs) -> None:
         self.index_package = package
+        model, weights = _from_index(model, weights, package)
         with checked_checkpoint_loading():
             super().__init__(model=model, weights=weights, **kwargs)
-
-    def _load_model_from_metafile(self, model: str):
-        return _from_index(model, self.index_package,
-                           super()._load_model_from_metafile)
 
 
 class KCLASegInferencer(MMSegInferencer):
@@ -76,12 +81,9 @@ class KCLASegInferencer(MMSegInferencer):
                  package: str = 'kcla_mm',
                  **kwargs) -> None:
         self.index_package = package
+        model, weights = _from_index(model, weights, package)
         with checked_checkpoint_loading():
             super().__init__(model=model, weights=weights, **kwargs)
-
-    def _load_model_from_metafile(self, model: str):
-        return _from_index(model, self.index_package,
-                           super()._load_model_from_metafile)
 
 
 def resolve_model(model: str,

@@ -4,16 +4,22 @@
 The index is OpenMMLab's ``model-index.yml`` (a list of ``Import``-ed
 ``metafile.yml``), shipped as mmdet does under the package's ``.mim/``
 folder (created by setup.py: links in an editable install, copies in a wheel
-or sdist). mmengine's inferencers only look up names in their scope
-package's index (mmdet's for ``DetInferencer``), so this module reads
-kcla_mm's, or that of any package laid out the same way.
+or sdist). The folder is found as mmengine's inferencers find their scope
+package's (``BaseInferencer._get_repo_or_mim_dir``). mmengine's inferencers
+look up names only in their scope package's index (mmdet's for
+``DetInferencer``), and its metafile reader
+(``BaseInferencer._get_models_from_metafile``) yields bare entries: it does
+not say which metafile an entry came from and checks nothing (an ``Import``
+that does not exist fails with a bare ``FileNotFoundError``, a ``Config``
+that does not exist only when the model is used, a repeated name goes
+unnoticed). So this module reads the index itself, checking each entry.
 """
-import importlib
 import os.path as osp
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from mmengine.fileio import load
+from mmengine.infer import BaseInferencer
 
 
 @dataclass
@@ -40,26 +46,23 @@ class ModelInfo:
 def index_dir(package: str = 'kcla_mm') -> str:
     """The folder holding ``package``'s ``model-index.yml`` and ``configs/``.
 
-    The installed ``<package>/.mim`` comes first; a source checkout without
-    it (the package imported from the repository root) falls back to the
-    repository root, where both files live.
+    As mmengine's inferencers find it: the repository root when the package
+    is imported from a source checkout (a ``configs/`` folder beside the
+    package), else the installed ``<package>/.mim``.
 
     Raises:
-        FileNotFoundError: neither place has a ``model-index.yml``.
+        FileNotFoundError: that folder has no ``model-index.yml``.
     """
-    module = importlib.import_module(package)
-    # OpenMMLab packages are regular packages: __path__[0] is the folder,
-    # wherever the import system found it (site-packages, an editable
-    # install's source tree or a PYTHONPATH entry).
-    package_dir = list(module.__path__)[0]
-    candidates = [osp.join(package_dir, '.mim'), osp.dirname(package_dir)]
-    for candidate in candidates:
-        if osp.isfile(osp.join(candidate, 'model-index.yml')):
-            return candidate
-    raise FileNotFoundError(
-        f'{package} has no model-index.yml in {candidates[0]} nor in '
-        f'{candidates[1]}; reinstall it (pip install -e . creates '
-        f'{package}/.mim)')
+    try:
+        root = BaseInferencer._get_repo_or_mim_dir(package)
+    except FileNotFoundError:
+        root = None
+    if root is None or not osp.isfile(osp.join(root, 'model-index.yml')):
+        raise FileNotFoundError(
+            f'{package} has no model-index.yml beside its configs/ (in '
+            f'{package}/.mim or the repository root); reinstall it (pip '
+            f'install -e . creates {package}/.mim)')
+    return root
 
 
 def load_model_index(package: str = 'kcla_mm') -> Dict[str, ModelInfo]:

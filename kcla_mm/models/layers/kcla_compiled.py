@@ -36,6 +36,7 @@ from .attention_branch import drop_path_mask
 from .kcla_fused import renormalise_in_forward
 from .kcla_recompute import StateTape, recomputed_forward
 from .kcla_state import STATE_EPS, KCLAState
+from .profiling import phase
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kcla_layer import KCLALayer
@@ -150,11 +151,12 @@ class CompiledUpdate(torch.autograd.Function):
                 branch_scale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         norm = layer.norm
         batch_stats = uses_batch_stats(norm)
-        out, u, mean, var = extension().branch_forward(
-            x, u_prev, w, scale, kernel, gamma, beta,
-            *norm_args(norm,
-                       batch_stats)[2:], batch_stats, norm.eps, branch_scale,
-            None if mask is None else mask.view(-1), False, False)
+        with phase('update_branch'):
+            out, u, mean, var = extension().branch_forward(
+                x, u_prev, w, scale, kernel, gamma, beta,
+                *norm_args(norm, batch_stats)[2:], batch_stats, norm.eps,
+                branch_scale, None if mask is None else mask.view(-1), False,
+                False)
         if batch_stats:
             update_running_stats(norm, mean, var, x.numel() // x.shape[1])
         ctx.layer, ctx.tape, ctx.step = layer, tape, step
@@ -172,11 +174,12 @@ class CompiledUpdate(torch.autograd.Function):
             ctx.tape.cache.pop(0, None)
         else:
             u_prev = ctx.tape.state(ctx.step - 1)
-        grads = extension().branch_backward(
-            grad_out.contiguous(), grad_u.contiguous(), x, u_prev, w, scale,
-            kernel, gamma, beta, mean, var, ctx.batch_stats,
-            ctx.layer.norm.eps, branch_scale,
-            None if mask is None else mask.view(-1))
+        with phase('update_branch_backward'):
+            grads = extension().branch_backward(
+                grad_out.contiguous(), grad_u.contiguous(), x, u_prev, w,
+                scale, kernel, gamma, beta, mean, var, ctx.batch_stats,
+                ctx.layer.norm.eps, branch_scale,
+                None if mask is None else mask.view(-1))
         grad_x, grad_u_prev, grad_w, grad_scale, grad_kernel = grads[:5]
         grad_gamma, grad_beta, grad_branch_scale = grads[5:]
         needs = ctx.needs_input_grad
@@ -220,25 +223,28 @@ def compiled_forward(layer: 'KCLALayer',
     if needs_grad:
         return recomputed_forward(layer, x, state, update=compiled_update)
     if state is not None and layer.renorm:
-        state = renormalise_in_forward(layer, state)
+        with phase('renormalise'):
+            state = renormalise_in_forward(layer, state)
     ext = extension()
-    w, z, scale = ext.pooled_forward(x, layer.query_conv.weight,
-                                     layer.key_conv.weight, layer.tau,
-                                     layer.clamp, layer.head_mix.weight,
-                                     None if state is None else state.z,
-                                     STATE_EPS, means)
+    with phase('pooled'):
+        w, z, scale = ext.pooled_forward(x, layer.query_conv.weight,
+                                         layer.key_conv.weight, layer.tau,
+                                         layer.clamp, layer.head_mix.weight,
+                                         None if state is None else state.z,
+                                         STATE_EPS, means)
     norm = layer.norm
     batch_stats = uses_batch_stats(norm)
     mask = drop_path_mask(x, layer.drop_path, layer.training)
     no_grad = not torch.is_grad_enabled()
     out_in_place = (inplace or overwrite_x) and no_grad
     state_in_place = inplace and no_grad
-    out, u, mean, var = ext.branch_forward(
-        x,
-        None if state is None else state.u, w, scale, layer.value_conv.weight,
-        *norm_args(norm,
-                   batch_stats), batch_stats, norm.eps, layer.branch_scale,
-        None if mask is None else mask.view(-1), out_in_place, state_in_place)
+    with phase('update_branch'):
+        out, u, mean, var = ext.branch_forward(
+            x, None if state is None else state.u, w, scale,
+            layer.value_conv.weight, *norm_args(norm, batch_stats),
+            batch_stats, norm.eps, layer.branch_scale,
+            None if mask is None else mask.view(-1), out_in_place,
+            state_in_place)
     if batch_stats:
         update_running_stats(norm, mean, var, x.numel() // x.shape[1])
     return out, KCLAState(u, z)

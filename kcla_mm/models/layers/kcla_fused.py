@@ -35,6 +35,7 @@ from .attention_branch import (adapt_state, add_branch, bn_affine,
                                per_sample_weight, pooled_conv, pooled_linear,
                                scale_branch, scaled_adapt, spatial_mean)
 from .kcla_state import STATE_EPS, KCLAState
+from .profiling import phase
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kcla_layer import KCLALayer
@@ -226,23 +227,28 @@ def fused_forward(layer: 'KCLALayer',
     updated in place (see ``KCLALayer``'s ``inplace`` argument).
     """
     if state is not None and layer.renorm:
-        state = renormalise_in_forward(layer, state)
-    gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
+        with phase('renormalise'):
+            state = renormalise_in_forward(layer, state)
+    with phase('pooled'):
+        gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
 
     in_place = inplace and not torch.is_grad_enabled()
-    if state is None:
-        u, z = head_scaled_add(None, w, x), w
-    elif in_place:
-        u, z = state.u, state.z + w
-        layer.split_heads(u).addcmul_(
-            layer.split_heads(x), w[..., None, None, None])
-    else:
-        u, z = head_scaled_add(state.u, w, x), state.z + w
-    out = scale_branch(
-        folded_value(layer, u, gate / (z + STATE_EPS), x.dtype),
-        layer.branch_scale)
-    if in_place and not (layer.training and layer.drop_path > 0):
-        x = x.add_(out)
-    else:
-        x = add_branch(x, out, layer.drop_path, layer.training)
+    with phase('state_update'):
+        if state is None:
+            u, z = head_scaled_add(None, w, x), w
+        elif in_place:
+            u, z = state.u, state.z + w
+            layer.split_heads(u).addcmul_(
+                layer.split_heads(x), w[..., None, None, None])
+        else:
+            u, z = head_scaled_add(state.u, w, x), state.z + w
+    with phase('branch'):
+        out = scale_branch(
+            folded_value(layer, u, gate / (z + STATE_EPS), x.dtype),
+            layer.branch_scale)
+    with phase('residual'):
+        if in_place and not (layer.training and layer.drop_path > 0):
+            x = x.add_(out)
+        else:
+            x = add_branch(x, out, layer.drop_path, layer.training)
     return x, KCLAState(u, z)

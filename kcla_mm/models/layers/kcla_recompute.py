@@ -38,6 +38,7 @@ from .attention_branch import (drop_path_mask, head_scaled_add,
 from .kcla_fused import (folded_value, fused_forward, fused_query_key,
                          fused_renormalise, gate_and_weight)
 from .kcla_state import STATE_EPS, KCLAState
+from .profiling import phase
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kcla_layer import KCLALayer
@@ -78,11 +79,14 @@ def update_and_branch(layer: 'KCLALayer', x: Tensor, u_prev: Optional[Tensor],
     """``U^t = U^{t-1} + w X^t`` and ``X^t + mask * branch(U^t)``, the part
     of :func:`.fused_forward` that the node wraps; ``scale`` is
     ``gate / (Z^t + eps)``."""
-    u = head_scaled_add(u_prev, w, x)
+    with phase('state_update'):
+        u = head_scaled_add(u_prev, w, x)
     norm = replay_norm(layer.norm) if replay else None
-    out = folded_value(layer, u, scale, x.dtype, norm=norm)
-    out = scale_branch(out, layer.branch_scale)
-    return masked_residual_add(x, out, mask), u
+    with phase('branch'):
+        out = folded_value(layer, u, scale, x.dtype, norm=norm)
+        out = scale_branch(out, layer.branch_scale)
+    with phase('residual'):
+        return masked_residual_add(x, out, mask), u
 
 
 class StateTape:
@@ -121,7 +125,7 @@ class StateTape:
         """``U`` after ``step`` updates (the start for 0); ``keep`` leaves
         it cached for a second consumer."""
         if step not in self.cache:
-            with torch.no_grad():
+            with torch.no_grad(), phase('tape'):
                 u = self.cache[0] = (
                     self.nodes[1]().saved_tensors[1]
                     if self.start is None else self.start())
@@ -171,7 +175,8 @@ class RecomputedUpdate(torch.autograd.Function):
         ]
         with torch.enable_grad():
             outputs = update_and_branch(ctx.layer, *inputs, mask, True)
-        grads = grads_of(outputs, (grad_x, grad_u), inputs + params)
+        with phase('backward'):
+            grads = grads_of(outputs, (grad_x, grad_u), inputs + params)
         return (None, None, None, None, *grads[:4], None, *grads[4:])
 
 
@@ -188,7 +193,8 @@ class RecomputedRenorm(torch.autograd.Function):
         ctx.layer, ctx.source = layer, source
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(None if source else u, z, *params)
-        return tuple(fused_renormalise(layer, KCLAState(u, z)))
+        with phase('renormalise'):
+            return tuple(fused_renormalise(layer, KCLAState(u, z)))
 
     @staticmethod
     def incoming_state(ctx, keep: bool) -> KCLAState:
@@ -210,7 +216,7 @@ class RecomputedRenorm(torch.autograd.Function):
                     RecomputedRenorm.incoming_state(ctx, False),
                     ctx.needs_input_grad[2:4])
             ]
-            with torch.enable_grad():
+            with torch.enable_grad(), phase('renormalise'):
                 outputs = fused_renormalise(ctx.layer, KCLAState(*inputs),
                                             replay_norm(ctx.layer.state_norm))
             ctx.replayed = (inputs, outputs)
@@ -221,8 +227,9 @@ class RecomputedRenorm(torch.autograd.Function):
         params = list(ctx.saved_tensors[2:])
         inputs, outputs = RecomputedRenorm.replay(ctx)
         ctx.replayed = None  # a second backward pass replays again
-        return (None, None, *grads_of(outputs,
-                                      (grad_u, grad_z), inputs + params))
+        with phase('backward'):
+            return (None, None, *grads_of(outputs,
+                                          (grad_u, grad_z), inputs + params))
 
 
 def renormalised_start(node) -> Callable[[], Tensor]:
@@ -300,7 +307,8 @@ def recomputed_forward(
         tape, step = tape_position(state.u)
         step += 1
     keep_prev = step == 1 and tape.start is None
-    gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
+    with phase('pooled'):
+        gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
     z = w if state is None else state.z + w
     mask = drop_path_mask(x, layer.drop_path, layer.training)
     x, u = update(layer, tape, step, keep_prev, x,

@@ -15,7 +15,7 @@ import os
 import os.path as osp
 import sys
 
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
@@ -23,7 +23,7 @@ import kcla_mm  # noqa: F401  registers the KCLA modules
 from kcla_mm.utils.checkpoint_loading import (CheckpointError,
                                               checked_checkpoint_loading,
                                               probe_checkpoint_file)
-from kcla_mm.utils.config import load_config
+from kcla_mm.utils.config import add_cfg_options, load_config
 from kcla_mm.utils.distributed import (close_distributed,
                                        init_distributed_on_cpu)
 
@@ -42,12 +42,7 @@ def parse_args(argv=None):
         help='save images with predictions drawn to this directory '
         '(a relative DIR: under the work dir\'s timestamped folder for '
         'detectors and segmentors, under the work dir for classifiers)')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config settings, KEY=VALUE; data_root=PATH re-points '
-        'every dataset')
+    add_cfg_options(parser)
     parser.add_argument(
         '--launcher',
         choices=['none', 'pytorch', 'slurm', 'mpi'],

@@ -18,7 +18,7 @@ import os.path as osp
 import sys
 
 import torch
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
@@ -27,7 +27,7 @@ from kcla_mm.utils.checkpoint_loading import (CheckpointError,
                                               checked_checkpoint_loading,
                                               is_local_path,
                                               probe_checkpoint_file)
-from kcla_mm.utils.config import (PretrainedFileNotFoundError,
+from kcla_mm.utils.config import (PretrainedFileNotFoundError, add_cfg_options,
                                   check_pretrained_files, load_config)
 from kcla_mm.utils.distributed import (close_distributed,
                                        init_distributed_on_cpu)
@@ -50,12 +50,7 @@ def parse_args(argv=None):
         const='auto',
         help='resume from PATH, or from the latest checkpoint in the work '
         'dir when no PATH is given')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config settings, KEY=VALUE; data_root=PATH re-points '
-        'every dataset')
+    add_cfg_options(parser)
     parser.add_argument(
         '--launcher',
         choices=['none', 'pytorch', 'slurm', 'mpi'],

@@ -5,10 +5,11 @@ What tools/train.py and tools/test.py do to a config before they hand it to
 mmengine's Runner, as functions of plain values (the tools parse their
 command lines themselves).
 """
+import argparse
 import os.path as osp
 from typing import Iterator, Optional, Tuple
 
-from mmengine.config import Config, ConfigDict
+from mmengine.config import Config, ConfigDict, DictAction
 
 from .distributed import cpu_distributed_defaults
 
@@ -107,6 +108,17 @@ def set_data_root(cfg: Config, data_root: str) -> None:
             if ann_file and old_root and ann_file.startswith(old_root):
                 metric.ann_file = data_root + ann_file[len(old_root):]
     cfg.data_root = data_root
+
+
+def add_cfg_options(parser: argparse.ArgumentParser) -> None:
+    """The ``--cfg-options KEY=VALUE ...`` argument of the tools that load
+    a config with :func:`load_config` (which reads ``data_root``)."""
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config settings, KEY=VALUE; data_root=PATH re-points '
+        'every dataset')
 
 
 def load_config(path: str,

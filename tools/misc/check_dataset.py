@@ -20,23 +20,16 @@ import argparse
 import os
 import sys
 
-from mmengine.config import DictAction
-
 from kcla_mm.datasets.checks import (LOADERS, DatasetCheckError, check_config,
                                      format_summary)
-from kcla_mm.utils.config import load_config
+from kcla_mm.utils.config import add_cfg_options, load_config
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Check the data a config reads before training')
     parser.add_argument('config', help='config file')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config settings, KEY=VALUE; data_root=PATH re-points '
-        'every dataset')
+    add_cfg_options(parser)
     parser.add_argument(
         '--splits',
         nargs='+',

@@ -16,7 +16,9 @@ from collections import defaultdict
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Tuple
 
-from ..models.layers import kcla_compiled, kcla_fused, kcla_recompute
+from ..models.layers.kcla import compiled as kcla_compiled
+from ..models.layers.kcla import fused as kcla_fused
+from ..models.layers.kcla import recompute as kcla_recompute
 
 #: (label, module or class, attribute) of each phase, per implementation;
 #: the module is the one whose global the layer's code looks up.

@@ -27,7 +27,7 @@ from mmengine.logging import MMLogger
 
 from kcla_mm.analysis.benchmark import (TRAIN_SETTINGS, build_models,
                                         time_modes, train_step_memory)
-from kcla_mm.models.layers.kcla_layer import IMPLEMENTATIONS
+from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
 
 
 def parse_args():

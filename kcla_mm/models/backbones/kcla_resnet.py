@@ -3,8 +3,8 @@ from typing import Optional, Sequence
 
 from ...registry import register_backbone
 from ..layers import KCLALayer
-from ..layers.kcla_compiled import require_extension
-from ..layers.kcla_layer import IMPLEMENTATIONS
+from ..layers.kcla import IMPLEMENTATIONS
+from ..layers.kcla.compiled import require_extension
 from .arguments import (check_clamp, check_flag, check_int_sequence,
                         check_rate, check_temperature_range, is_int)
 from .cross_layer_resnet import CrossLayerResNet

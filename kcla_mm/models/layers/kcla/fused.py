@@ -27,17 +27,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...torch_compat import is_autocast_enabled
-from .attention_branch import (adapt_state, add_branch, bn_affine,
-                               full_precision, grouped_strided_input,
-                               head_scaled_add, is_frozen_bn,
-                               is_plain_pointwise, matmul_adapts,
-                               per_sample_weight, pooled_conv, pooled_linear,
-                               scale_branch, scaled_adapt, spatial_mean)
-from .kcla_state import STATE_EPS, KCLAState
+from ....torch_compat import is_autocast_enabled
+from ..attention_branch import (adapt_state, add_branch, bn_affine,
+                                full_precision, grouped_strided_input,
+                                head_scaled_add, is_frozen_bn,
+                                is_plain_pointwise, matmul_adapts,
+                                per_sample_weight, pooled_conv, pooled_linear,
+                                scale_branch, scaled_adapt, spatial_mean)
+from .state import STATE_EPS, KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .kcla_layer import KCLALayer
+    from .layer import KCLALayer
 
 
 def fused_query_key(layer: 'KCLALayer', x: Tensor) -> Tuple[Tensor, Tensor]:
@@ -61,7 +61,7 @@ def fused_renormalise(
     (:func:`.matmul_adapts`), else a batched outer product, as is the final
     ``A Z'``; ``norm`` replaces ``layer.state_norm`` (see
     :func:`folded_value`)."""
-    u, z = state
+    u, z = state.u, state.z
     conv = layer.state_adapt
     if (conv is not None and u.dtype == layer.value_conv.weight.dtype
             and matmul_adapts(conv, u)):
@@ -105,7 +105,7 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
     What is left is a strided read of ``U`` and one matmul, where
     :func:`fused_renormalise` makes five passes.
     """
-    u, z = state
+    u, z = state.u, state.z
     n, c_in = u.shape[:2]
     in_scale = channel_reciprocal(z, c_in)
     bn_scale, bn_shift = bn_affine(layer.state_norm)

@@ -261,13 +261,12 @@ def compiled_update(layer: 'KCLALayer', tape: StateTape, step: int,
 def compiled_forward(layer: 'KCLALayer',
                      x: Tensor,
                      state: Optional[KCLAState],
-                     inplace: bool = False,
                      means: Optional[Tensor] = None,
                      overwrite_x: bool = False) -> Tuple[Tensor, KCLAState]:
     """:meth:`KCLALayer.forward_reference` in the kernels (see
     :func:`compiled_applies`); a train step goes through
     :func:`.recomputed_forward`'s tape, other calls straight to the
-    kernels (``inplace`` as in :func:`.fused_forward`).
+    kernels.
 
     Without autograd, ``means`` may give ``x``'s plane means (N, C) in
     float64, and ``overwrite_x`` let the output be written over ``x`` (the
@@ -289,14 +288,13 @@ def compiled_forward(layer: 'KCLALayer',
     batch_stats = uses_batch_stats(norm)
     mask = drop_path_mask(x, layer.drop_path, layer.training)
     no_grad = not torch.is_grad_enabled()
-    out_in_place = (inplace or overwrite_x) and no_grad
-    state_in_place = inplace and no_grad
+    out_in_place = overwrite_x and no_grad
     out, u, mean, var = ext.branch_forward(
         x,
         None if state is None else state.u, w, scale, layer.value_conv.weight,
         *norm_args(norm,
                    batch_stats), batch_stats, norm.eps, layer.branch_scale,
-        None if mask is None else mask.view(-1), out_in_place, state_in_place)
+        None if mask is None else mask.view(-1), out_in_place, False)
     if batch_stats:
         update_running_stats(norm, mean, var, x.numel() // x.shape[1])
     return out, KCLAState(u, z)

@@ -18,8 +18,7 @@ it (tests/test_kcla_fused.py):
   per-head ``gate / (Z + eps)`` (and, for an eval-mode BN, its affine map)
   folded into the depthwise kernel, which is linear and per channel, so
   that the state is read once instead of three times;
-* :func:`fused_forward`: the whole layer, optionally updating the block
-  output and the state in place in inference.
+* :func:`fused_forward`: the whole layer.
 """
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
@@ -216,33 +215,18 @@ def gate_and_weight(layer: 'KCLALayer', query: Tensor,
     return gate, w
 
 
-def fused_forward(layer: 'KCLALayer',
-                  x: Tensor,
-                  state: Optional[KCLAState],
-                  inplace: bool = False) -> Tuple[Tensor, KCLAState]:
-    """:meth:`KCLALayer.forward_reference`, fused.
-
-    With ``inplace`` and without autograd, ``x`` and ``state.u`` are
-    updated in place (see ``KCLALayer``'s ``inplace`` argument).
-    """
+def fused_forward(layer: 'KCLALayer', x: Tensor,
+                  state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:
+    """:meth:`KCLALayer.forward_reference`, fused."""
     if state is not None and layer.renorm:
         state = renormalise_in_forward(layer, state)
     gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
-
-    in_place = inplace and not torch.is_grad_enabled()
     if state is None:
         u, z = head_scaled_add(None, w, x), w
-    elif in_place:
-        u, z = state.u, state.z + w
-        layer.split_heads(u).addcmul_(
-            layer.split_heads(x), w[..., None, None, None])
     else:
         u, z = head_scaled_add(state.u, w, x), state.z + w
     out = scale_branch(
         folded_value(layer, u, gate / (z + STATE_EPS), x.dtype),
         layer.branch_scale)
-    if in_place and not (layer.training and layer.drop_path > 0):
-        x = x.add_(out)
-    else:
-        x = add_branch(x, out, layer.drop_path, layer.training)
+    x = add_branch(x, out, layer.drop_path, layer.training)
     return x, KCLAState(u, z)

@@ -109,11 +109,6 @@ class KCLALayer(BaseModule):
             function; :data:`.dispatch.DISPATCH` says which runs a call,
             and ``last_implementation`` which ran the last one.
             Default: 'auto'.
-        inplace (bool): In inference without autograd, let the fused
-            implementation add into the block output and the state in
-            place, saving two tensors per block. A forward hook that keeps
-            the output of the block (``layerN.J``) or of this layer then
-            sees it change, so it is off unless asked for. Default: False.
         zero_init_branch (bool): Multiply the branch output (after its
             ReLU) by a learnable per-channel ``branch_scale`` that starts
             at 0, so that the layer starts by returning X^t unchanged (warm
@@ -140,7 +135,6 @@ class KCLALayer(BaseModule):
                  clamp: float = 10.,
                  drop_path: float = 0.2,
                  implementation: str = 'auto',
-                 inplace: bool = False,
                  zero_init_branch: bool = False,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),
@@ -164,7 +158,6 @@ class KCLALayer(BaseModule):
         self.implementation = implementation
         # The implementation that ran the last call (see .dispatch).
         self.last_implementation: Optional[str] = None
-        self.inplace = inplace
         state_channels = channels if state_channels is None else state_channels
 
         self.query_conv = eca_conv1d(channels)
@@ -309,7 +302,7 @@ class KCLALayer(BaseModule):
         if implementation == 'reference':
             return self.forward_reference(x, state)
         if implementation == 'compiled':
-            return compiled_forward(self, x, state, inplace=self.inplace)
+            return compiled_forward(self, x, state)
         if implementation == 'recompute':
             return recomputed_forward(self, x, state)
-        return fused_forward(self, x, state, inplace=self.inplace)
+        return fused_forward(self, x, state)

@@ -67,7 +67,7 @@ PY
   # pure-PyTorch layer, and says so here.
   if command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1; then
     "$venv/bin/python" -c 'import importlib
-from kcla_mm.models.layers.kcla_compiled import extension_name
+from kcla_mm.models.layers.kcla.compiled import extension_name
 importlib.import_module(extension_name())' || {
       echo "[setup] $stack: kcla_mm's compiled kernels did not build" >&2
       return 1

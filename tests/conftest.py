@@ -47,3 +47,16 @@ def float64():
 @pytest.fixture(scope='session')
 def repo_root():
     return ROOT
+
+
+@pytest.fixture(scope='session')
+def ext():
+    """The compiled kernels, which setup builds (gcc is on every CI
+    machine); the modules that need them skip themselves where
+    KCLA_MM_NO_EXTENSION is set."""
+    from kcla_mm.models.layers.kcla import compiled
+    module = compiled.extension()
+    assert module is not None, (
+        f'{compiled.extension_name()} is not built: run `make setup` '
+        '(pip install --no-build-isolation -e .) with a C++ compiler')
+    return module

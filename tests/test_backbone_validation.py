@@ -212,7 +212,6 @@ KCLA_CASES = [
     ('renorm_blocks', (0.5, 0)),
     ('renorm_blocks', 0),
     ('kcla_implementation', 'fast'),
-    ('kcla_inplace', 'yes'),
 ]
 
 

@@ -1,27 +1,29 @@
 """The block tail fused with the KCLA layer in inference
-(kcla_mm/models/backbones/fused_block_tail.py): the same features as the
+(kcla_mm/models/layers/kcla/block_tail.py): the same features as the
 modules run one by one (and as the reference layer), where it applies, and
 the modules themselves wherever something could tell the difference."""
 import copy
+import os
 
 import pytest
 import torch
 import torch.nn as nn
 
-from kcla_mm.models.backbones.fused_block_tail import (fused_block_and_kcla,
-                                                       tail_fuses)
 from kcla_mm.models.backbones.kcla_resnet import KCLAResNet
 from kcla_mm.models.backbones.mmseg_resnet import MMSegKCLAResNetV1c
-from kcla_mm.models.layers import KCLALayer, KCLAState, kcla_compiled
+from kcla_mm.models.layers import KCLALayer, KCLAState
+from kcla_mm.models.layers.kcla.block_tail import (fused_block_and_kcla,
+                                                   tail_fuses)
 from helpers import assert_close_to_max, small_backbone
 from official_reference import randomise_
 
+if os.environ.get('KCLA_MM_NO_EXTENSION', '0') not in ('', '0'):
+    pytest.skip(
+        'KCLA_MM_NO_EXTENSION is set: kcla_mm was installed without its '
+        'C++ kernels, which the fused block tail runs in',
+        allow_module_level=True)
 
-@pytest.fixture(scope='module', autouse=True)
-def ext():
-    """The kernels, which setup builds (gcc is on every CI machine)."""
-    assert kcla_compiled.extension() is not None, (
-        f'{kcla_compiled.extension_name()} is not built: run `make setup`')
+pytestmark = pytest.mark.usefixtures('ext')
 
 
 def build(name):
@@ -173,3 +175,84 @@ def test_only_plain_inference_fuses():
         sub.__class__ = type('Sub', (type(block), ), {})
         assert not tail_fuses(sub, layer, block_in, state)
         assert tail_fuses(block, layer, block_in, state)
+
+
+HOOK_KINDS = [
+    'forward', 'forward_pre', 'forward_with_kwargs', 'forward_always_call',
+    'global_forward', 'global_forward_pre'
+]
+
+
+def add_hook(kind, module, seen):
+    """Registers a hook of ``kind`` (on ``module``, or on every module for
+    the global kinds) that records its calls; returns its handle."""
+    if kind == 'forward':
+        return module.register_forward_hook(lambda *args: seen.append(1))
+    if kind == 'forward_pre':
+        return module.register_forward_pre_hook(lambda *args: seen.append(1))
+    if kind == 'forward_with_kwargs':
+        return module.register_forward_hook(
+            lambda *args: seen.append(1), with_kwargs=True)
+    if kind == 'forward_always_call':
+        return module.register_forward_hook(
+            lambda *args: seen.append(1), always_call=True)
+    if kind == 'global_forward':
+        return nn.modules.module.register_module_forward_hook(
+            lambda *args: seen.append(1))
+    return nn.modules.module.register_module_forward_pre_hook(
+        lambda *args: seen.append(1))
+
+
+@pytest.mark.parametrize('kind', HOOK_KINDS)
+def test_every_kind_of_forward_hook_turns_the_fusion_off(kind):
+    """Pins, on each supported torch (CI runs this file on both stacks),
+    what block_tail.has_hooks and tail_fuses read from torch's private
+    hook dictionaries (torch has no public call that tells whether a
+    module has hooks): any forward or forward-pre hook, per module or
+    global, keeps the modules running, so the hook fires; once removed,
+    the fusion is back."""
+    model, block, layer, block_in, state = first_block_case()
+    targets = [None] if kind.startswith('global') else [
+        block, block.norm3, block.relu, layer
+    ]
+    for module in targets:
+        seen = []
+        handle = add_hook(kind, module, seen)
+        try:
+            with torch.no_grad():
+                assert not tail_fuses(block, layer, block_in, state)
+                assert layer.forward_with_block(block, block_in, state) is None
+                model(torch.rand(2, 3, 67, 53))
+        finally:
+            handle.remove()
+        assert seen
+    with torch.no_grad():
+        assert tail_fuses(block, layer, block_in, state)
+        assert layer.forward_with_block(block, block_in, state) is not None
+    assert layer.last_implementation == 'compiled'
+
+
+def test_the_backbone_asks_the_attention_module():
+    """The cross-layer stage imports no KCLA code: it calls whatever
+    ``forward_with_block`` the attention module offers."""
+    import ast
+    import inspect
+
+    from kcla_mm.models.backbones import cross_layer_resnet
+    tree = ast.parse(inspect.getsource(cross_layer_resnet))
+    imported = [
+        node.module or ''
+        for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    ] + [
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+        for alias in node.names
+    ]
+    assert not [name for name in imported if 'kcla' in name.lower()]
+    model = small_backbone(KCLAResNet, 18).eval()
+    calls = []
+    for block in model.layer1:
+        block.kcla.forward_with_block = (
+            lambda block, x, state: calls.append(block) or None)
+    with torch.no_grad():
+        model(torch.rand(1, 3, 32, 32))
+    assert calls == list(model.layer1)

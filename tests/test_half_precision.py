@@ -21,8 +21,7 @@ from torch import Tensor
 
 import kcla_mm  # noqa: F401 (registers the backbones)
 from kcla_mm.models.layers import KCLALayer, LALayer, MRLALightLayer
-from kcla_mm.models.layers.kcla_compiled import extension
-from kcla_mm.models.layers.kcla_layer import IMPLEMENTATIONS
+from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
 from kcla_mm.torch_compat import is_autocast_enabled
 from helpers import assert_close_to_max
 from official_reference import randomise_
@@ -76,16 +75,11 @@ def skip_reason(precision: str) -> Optional[str]:
 
 
 def implementations() -> List:
-    """Every KCLA implementation; 'compiled' only where its extension is
-    built (elsewhere it refuses to build, tested in test_kcla_compiled)."""
-    return [
-        pytest.param(
-            impl,
-            marks=pytest.mark.skipif(
-                impl == 'compiled' and extension() is None,
-                reason='the compiled KCLA kernels are not built here'))
-        for impl in IMPLEMENTATIONS
-    ]
+    """Every KCLA implementation that runs in half precision: not
+    'compiled', whose kernels cover fp32 and fp64 only (asked for in half
+    precision it fails naming the condition, tested in
+    test_kcla_dispatch.py; 'auto' runs the fused path there)."""
+    return [impl for impl in IMPLEMENTATIONS if impl != 'compiled']
 
 
 def run_in(precision: str, model: torch.nn.Module, fn: Callable, *inputs:
@@ -146,7 +140,7 @@ def test_issue_repro_of_ones_at_256x256_under_fp16_autocast(
         'fp16-autocast', layer, lambda m, x: m(x, None), x, cast_inputs=True)
     assert y.dtype == torch.float16
     assert state.u.dtype == state.z.dtype == torch.float32
-    assert_finite_and_close((y, *state), (expected[0], *expected[1]),
+    assert_finite_and_close((y, *state[:2]), (expected[0], *expected[1][:2]),
                             torch.float16)
     if mode == 'train':
         (y.float().square().mean() + state.u.mean()).backward()
@@ -198,8 +192,7 @@ def stage1_map() -> Tensor:
 
 
 FAMILIES = [
-    *(pytest.param(f'kcla-{p.values[0]}', marks=p.marks)
-      for p in implementations()), 'la', 'mrla_light'
+    *(f'kcla-{impl}' for impl in implementations()), 'la', 'mrla_light'
 ]
 
 

@@ -1,5 +1,5 @@
 """The C++ kernels of kcla_implementation='compiled' (kcla_mm/csrc,
-kcla_mm/models/layers/kcla_compiled.py) against the same arithmetic in
+kcla_mm/models/layers/kcla/compiled.py) against the same arithmetic in
 PyTorch ops: plane borders of every size, batch or running statistics, drop
 path, branch scale, in place; which calls 'auto' sends to them; and the
 fallback where they are not built. Whole layers and backbones against the
@@ -11,13 +11,12 @@ import torch
 import torch.nn.functional as F
 from mmdet.models.backbones import ResNet
 
-import kcla_mm.models.layers.kcla_compiled as kcla_compiled
-import kcla_mm.models.layers.kcla_layer as kcla_layer
+import kcla_mm.models.layers.kcla.compiled as kcla_compiled
 from kcla_mm.analysis.complexity import count_flops
 from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers import KCLALayer
-from kcla_mm.models.layers.kcla_fused import fused_query_key, gate_and_weight
-from kcla_mm.models.layers.kcla_state import STATE_EPS
+from kcla_mm.models.layers.kcla import STATE_EPS
+from kcla_mm.models.layers.kcla.fused import fused_query_key, gate_and_weight
 from helpers import assert_close_to_max, incoming_state
 from official_reference import randomise_
 
@@ -26,16 +25,6 @@ if os.environ.get('KCLA_MM_NO_EXTENSION', '0') not in ('', '0'):
         'KCLA_MM_NO_EXTENSION is set: kcla_mm was installed without its '
         'C++ kernels',
         allow_module_level=True)
-
-
-@pytest.fixture(scope='module')
-def ext():
-    """The kernels, which setup builds (gcc is on every CI machine)."""
-    module = kcla_compiled.extension()
-    assert module is not None, (
-        f'{kcla_compiled.extension_name()} is not built: run `make setup` '
-        '(pip install --no-build-isolation -e .) with a C++ compiler')
-    return module
 
 
 def branch_in_torch(x, u_prev, w, scale, kernel, gamma, beta, mean, var, eps,
@@ -322,8 +311,7 @@ def test_without_the_extension(monkeypatch):
     x = torch.rand(2, 256, 9, 7)
     with torch.no_grad():
         want, _ = layer(x, None)
-    monkeypatch.setattr(kcla_compiled, 'extension', lambda: None)
-    monkeypatch.setattr(kcla_layer, 'extension', lambda: None)
+    monkeypatch.setattr(kcla_compiled, 'load_extension', lambda: None)
     assert not layer.recomputes_backward
     with torch.no_grad():
         got, _ = layer(x, None)
@@ -332,6 +320,30 @@ def test_without_the_extension(monkeypatch):
         KCLALayer(256, implementation='compiled')
     with pytest.raises(RuntimeError, match='pip install'):
         KCLAResNet(depth=18, head_dim=16, kcla_implementation='compiled')
+
+
+@pytest.mark.parametrize('value', ['1', 'yes'])
+def test_the_environment_turns_the_extension_off(monkeypatch, value):
+    """KCLA_MM_NO_EXTENSION (anything but '' or '0') makes the runtime
+    behave as an install without the kernels: 'auto' runs 'fused', and
+    'compiled' refuses to build, naming the variable."""
+    layer = randomise_(KCLALayer(256, drop_path=0.)).eval()
+    x = torch.rand(2, 256, 9, 7)
+    with torch.no_grad():
+        want, _ = layer(x, None)
+    assert layer.last_implementation == 'compiled'
+    for off in ('', '0'):
+        monkeypatch.setenv('KCLA_MM_NO_EXTENSION', off)
+        assert kcla_compiled.extension() is not None
+    monkeypatch.setenv('KCLA_MM_NO_EXTENSION', value)
+    assert kcla_compiled.extension() is None
+    assert not layer.recomputes_backward
+    with torch.no_grad():
+        got, _ = layer(x, None)
+    assert layer.last_implementation == 'fused'
+    assert_close_to_max(got, want, 1e-5)
+    with pytest.raises(RuntimeError, match='KCLA_MM_NO_EXTENSION'):
+        KCLALayer(256, implementation='compiled')
 
 
 def test_one_value_per_channel_is_refused_as_by_batch_norm():

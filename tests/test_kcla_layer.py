@@ -6,7 +6,7 @@ import torch
 
 from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.attention_branch import eca_kernel_size
-from kcla_mm.models.layers.kcla_layer import head_temperatures
+from kcla_mm.models.layers.kcla import head_temperatures
 from helpers import assert_close_to_max, incoming_state
 from official_reference import OFFICIAL_TO_MM, OfficialKCLA, randomise_
 

@@ -584,11 +584,10 @@ def test_get_flops_counts_the_kcla_layers(repo_root):
     by_op = dict((op, int(n.replace(',', ''))) for op, n in re.findall(
         r'(\w+) ([\d,]+)',
         log.split('Flops by operator:')[1].splitlines()[0]))
-    # The KCLA state update U <- U + w X (baddbmm; addcmul_ with
-    # kcla_inplace) is counted as one multiply-add per state element, in
-    # every block with a state: stage 1 from its second block on (block 0
-    # starts the state), stages 2-4 in all blocks (the first one adapts the
-    # previous stage's state).
+    # The KCLA state update U <- U + w X (baddbmm) is counted as one
+    # multiply-add per state element, in every block with a state: stage 1
+    # from its second block on (block 0 starts the state), stages 2-4 in
+    # all blocks (the first one adapts the previous stage's state).
     widths, sizes, blocks = (256, 512, 1024, 2048), (56, 28, 14, 7), (3, 4, 6,
                                                                       3)
     updates = sum(c * s * s * (n - (i == 0))

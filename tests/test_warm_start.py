@@ -201,10 +201,9 @@ def test_a_zero_norm_weight_would_leave_the_branch_dead(kind):
     assert grads['branch_scale'].any()
 
 
-@pytest.mark.parametrize('inplace', [False, True])
-def test_every_kcla_implementation_honours_the_scale(float64, inplace):
-    """The backbone with randomised (non-zero) scales: the fused path, in
-    and out of place, against the reference, outputs and every gradient,
+def test_every_kcla_implementation_honours_the_scale(float64):
+    """The backbone with randomised (non-zero) scales: the default path
+    against the reference, outputs and every gradient,
     to 1e-10 (outputs) and 1e-8 (gradients) of the largest entry, 8 layers
     deep (the layer-level parity is in test_kcla_fused.py)."""
     kwargs = dict(
@@ -216,7 +215,7 @@ def test_every_kcla_implementation_honours_the_scale(float64, inplace):
         norm_eval=False)
     reference = randomise_(
         KCLAResNet(kcla_implementation='reference', **kwargs))
-    fused = KCLAResNet(kcla_inplace=inplace, **kwargs)
+    fused = KCLAResNet(**kwargs)
     fused.load_state_dict(reference.state_dict())
     assert all(s.abs().min() > 0 for s in branch_scales(fused))
     x = torch.rand(2, 3, 32, 32, requires_grad=True)
@@ -233,7 +232,7 @@ def test_every_kcla_implementation_honours_the_scale(float64, inplace):
             assert_close_to_max(a, b, 1e-10)
         for a, b in zip(got_grads, want_grads):
             assert_close_to_max(a, b, 1e-8)
-    with torch.no_grad():  # where the in-place update applies
+    with torch.no_grad():  # inference without autograd
         for a, b in zip(fused(x.detach()), reference(x.detach())):
             assert_close_to_max(a, b, 1e-10)
 

@@ -55,13 +55,12 @@ def load_official(path: str, depth: int) -> nn.Module:
 def build_models(depth: int,
                  device: str = 'cpu',
                  memory_format: torch.memory_format = torch.contiguous_format,
-                 kcla_inplace: bool = False,
                  kcla_implementation: str = 'auto',
                  setting: str = 'bn',
                  official: Optional[str] = None) -> Dict[str, nn.Module]:
     """``{'resnet': ResNet, 'kcla': KCLAResNet}`` of ``depth``, initialised
     with seed 0 and moved to ``device`` in ``memory_format``; KCLAResNet's
-    ``kcla_inplace`` and ``kcla_implementation`` as given.
+    ``kcla_implementation`` as given.
 
     ``setting`` is one of :data:`TRAIN_SETTINGS`, the same for both; the
     default 'bn' (nothing frozen) makes a train step update BN statistics
@@ -72,13 +71,8 @@ def build_models(depth: int,
     torch.manual_seed(0)
     common = dict(depth=depth, **TRAIN_SETTINGS[setting])
     models = {
-        'resnet':
-        ResNet(**common),
-        'kcla':
-        KCLAResNet(
-            **common,
-            kcla_inplace=kcla_inplace,
-            kcla_implementation=kcla_implementation)
+        'resnet': ResNet(**common),
+        'kcla': KCLAResNet(**common, kcla_implementation=kcla_implementation)
     }
     if official is not None and setting == 'bn':
         models['official'] = load_official(official, depth)

@@ -1,7 +1,7 @@
 // Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 //
 // The CPU kernels of KCLALayer's 'compiled' implementation
-// (kcla_mm/models/layers/kcla_compiled.py): the block-sized part of one
+// (kcla_mm/models/layers/kcla/compiled.py): the block-sized part of one
 // layer, forward and backward, one (sample, channel) plane at a time so that
 // each plane's state, depthwise conv and norm stay in cache.
 //
@@ -15,7 +15,7 @@
 //                                                    the running statistics)
 //   out = X^t + m_n b_c ReLU(y)                     (m: drop path, b: the
 //                                                    optional branch scale)
-// The pure-PyTorch layer (kcla_layer.py, forward_reference) is the oracle
+// The pure-PyTorch layer (kcla/layer.py, forward_reference) is the oracle
 // these are tested against (tests/test_kcla_compiled.py).
 #include <torch/extension.h>
 

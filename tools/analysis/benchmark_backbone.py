@@ -27,7 +27,7 @@ from mmengine.logging import MMLogger
 
 from kcla_mm.analysis.benchmark import (TRAIN_SETTINGS, build_models,
                                         time_modes, train_step_memory)
-from kcla_mm.models.layers.kcla_layer import IMPLEMENTATIONS
+from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
 
 
 def parse_args():
@@ -58,11 +58,6 @@ def parse_args():
         action='store_true',
         help='run both models and inputs in channels_last (NHWC), where '
         "oneDNN's depthwise conv needs no layout reorders")
-    parser.add_argument(
-        '--kcla-inplace',
-        action='store_true',
-        help='KCLAResNet(kcla_inplace=True): in eval, the state and the '
-        'block output are updated in place')
     parser.add_argument(
         '--kcla-implementation',
         default='auto',
@@ -111,7 +106,6 @@ def main():
         args.depth,
         args.device,
         memory_format,
-        args.kcla_inplace,
         args.kcla_implementation,
         official=args.official)
     x_eval = torch.randn(
@@ -126,7 +120,6 @@ def main():
     print(f'KCLAResNet-{args.depth} vs ResNet-{args.depth} on {args.device}, '
           f'{args.threads} thread(s), torch {torch.__version__}, ' +
           ('channels_last, ' if args.channels_last else 'NCHW, ') +
-          ('kcla_inplace, ' if args.kcla_inplace else '') +
           f'kcla_implementation={args.kcla_implementation}, malloc ' +
           ('keeping freed memory' if args.keep_freed_memory else 'defaults'))
     for mode, batch in (('eval', args.eval_batch), ('train',
@@ -150,8 +143,7 @@ def main():
     for setting in TRAIN_SETTINGS:
         if setting != 'bn':
             models = build_models(args.depth, args.device, memory_format,
-                                  args.kcla_inplace, args.kcla_implementation,
-                                  setting)
+                                  args.kcla_implementation, setting)
         memory = train_step_memory(models, x_train, args.device)
         line = (f'activation memory of a train step ({setting}, weights '
                 f'excluded): ResNet {memory["resnet"] / 2**20:.1f} MiB  KCLA '

@@ -23,7 +23,7 @@ from mmengine.logging import MMLogger
 from kcla_mm.analysis.benchmark import build_models
 from kcla_mm.analysis.phase_profile import timed_phases
 from kcla_mm.analysis.timing import eval_step, train_step
-from kcla_mm.models.layers.kcla_compiled import extension
+from kcla_mm.models.layers.kcla.compiled import extension
 
 
 def parse_args():

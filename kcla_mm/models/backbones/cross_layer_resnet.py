@@ -26,7 +26,6 @@ from torch import Tensor
 
 from .arguments import check_flag, check_multi_grid, check_resnet_args, is_int
 from .errors import BackboneTypeError
-from .fused_block_tail import fused_block_and_kcla
 
 # make_attention(channels, block_index, state_channels, state_stride)
 AttentionFactory = Callable[[int, int, Optional[int], int], nn.Module]
@@ -38,7 +37,10 @@ class CrossLayerResLayerMixin:
     Put it before a ``ResLayer`` class in the bases. The blocks are built by
     that ``ResLayer`` unchanged (so plain ResNet weights keep their
     ``layerN.J.*`` keys); block ``J`` gets a child named ``attention_name``
-    that this stage calls after it, threading the state.
+    that this stage calls after it, threading the state. A module that
+    has a method ``forward_with_block(block, x, state)`` is first asked to
+    run ``block`` and itself in one go: it returns ``(x, state)``, or None
+    (having run nothing) to have them run one after the other.
 
     Args:
         attention_name (str): Attribute name of the module on each block,
@@ -70,10 +72,14 @@ class CrossLayerResLayerMixin:
     def forward(self, x: Tensor, state) -> Tuple[Tensor, object]:
         for block in self:
             attention = getattr(block, self.attention_name)
-            fused = fused_block_and_kcla(block, attention, x, state)
-            if fused is not None:
-                x, state = fused
-                continue
+            # An attention module may run the block's end fused with
+            # itself (``forward_with_block``; None where it does not).
+            forward_with_block = getattr(attention, 'forward_with_block', None)
+            if forward_with_block is not None:
+                fused = forward_with_block(block, x, state)
+                if fused is not None:
+                    x, state = fused
+                    continue
             x = block(x)
             # A layer that recomputes its own backward keeps little
             # already, and its nodes read each other's saved tensors, which

@@ -3,19 +3,18 @@ from typing import Optional, Sequence
 
 from ...registry import register_backbone
 from ..layers import KCLALayer
-from ..layers.kcla_compiled import require_extension
-from ..layers.kcla_layer import IMPLEMENTATIONS
-from .arguments import (check_clamp, check_flag, check_int_sequence,
-                        check_rate, check_temperature_range, is_int)
+from ..layers.kcla import IMPLEMENTATIONS
+from ..layers.kcla.compiled import require_extension
+from .arguments import (check_clamp, check_int_sequence, check_rate,
+                        check_temperature_range, is_int)
 from .cross_layer_resnet import CrossLayerResNet
 
 
 def check_kcla_args(temperature_range, clamp, kcla_drop_path, renorm_blocks,
-                    kcla_implementation, kcla_inplace,
-                    num_stages: int) -> None:
+                    kcla_implementation, num_stages: int) -> None:
     """The KCLA options of the backbones, each error naming its key (the
     layers get them under other names: ``drop_path``, ``renorm``,
-    ``implementation``, ``inplace``)."""
+    ``implementation``)."""
     check_temperature_range('temperature_range', temperature_range)
     check_clamp('clamp', clamp)
     check_rate('kcla_drop_path', kcla_drop_path)
@@ -40,7 +39,6 @@ def check_kcla_args(temperature_range, clamp, kcla_drop_path, renorm_blocks,
             raise RuntimeError(
                 f'kcla_implementation={kcla_implementation!r}: {error}'
             ) from error
-    check_flag('kcla_inplace', kcla_inplace)
 
 
 class KCLAResNetMixin:
@@ -59,7 +57,6 @@ class KCLAResNetMixin:
                  kcla_drop_path: float = 0.2,
                  renorm_blocks: Sequence[int] = (0, 11),
                  kcla_implementation: str = 'auto',
-                 kcla_inplace: bool = False,
                  **kwargs):
         check_kcla_args(
             temperature_range=temperature_range,
@@ -67,7 +64,6 @@ class KCLAResNetMixin:
             kcla_drop_path=kcla_drop_path,
             renorm_blocks=renorm_blocks,
             kcla_implementation=kcla_implementation,
-            kcla_inplace=kcla_inplace,
             num_stages=kwargs.get('num_stages', 4))
         self.renorm_blocks = tuple(renorm_blocks)
         self.kcla_cfg = self.shared_layer_cfg(
@@ -76,8 +72,7 @@ class KCLAResNetMixin:
             temperature_range=tuple(temperature_range),
             clamp=clamp,
             drop_path=kcla_drop_path,
-            implementation=kcla_implementation,
-            inplace=kcla_inplace)
+            implementation=kcla_implementation)
         super().__init__(depth=depth, head_dim=head_dim, **kwargs)
 
     def make_attention(self, channels: int, block_index: int,
@@ -127,11 +122,6 @@ class KCLAResNet(KCLAResNetMixin, CrossLayerResNet):
             ``'fused'``, ``'reference'`` or ``'recompute'`` (less
             activation memory in pure PyTorch), see
             :class:`~kcla_mm.models.layers.KCLALayer`. Default: 'auto'.
-        kcla_inplace (bool): In inference without autograd, add each KCLA
-            branch into the block output in place and update the state in
-            place. Saves memory traffic, but a forward hook that keeps a
-            block's output (``layerN.J``) sees it overwritten by the next
-            step. Default: False.
         zero_init_attention (bool): Start every attention branch at zero
             (warm start from plain ResNet weights), see
             :class:`CrossLayerResNetMixin`. Default: False.

@@ -1,5 +1,4 @@
-from .kcla_layer import KCLALayer
-from .kcla_state import KCLAState
+from .kcla import KCLALayer, KCLAState
 from .la_layer import LALayer, LAState
 from .mrla_light_layer import MRLALightLayer
 

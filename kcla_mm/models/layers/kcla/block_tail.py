@@ -17,10 +17,11 @@ without plugins, a BatchNorm with running statistics at its end, no hooks
 on the block, its last norm, its ReLU or the layer (nor global module
 hooks: they would not see the skipped calls), and the layer's compiled
 kernels applicable (:func:`.compiled_applies`). Everything else runs
-``block`` and ``layer`` as modules. Tested against that in
-tests/test_fused_block_tail.py.
+``block`` and ``layer`` as modules. The backbone reaches it through
+:meth:`KCLALayer.forward_with_block`, without knowing KCLA. Tested against
+that in tests/test_fused_block_tail.py.
 """
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -31,17 +32,23 @@ from torch import Tensor
 from torch.nn.modules import module as module_hooks
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..layers.kcla_compiled import (compiled_applies, compiled_forward,
-                                    extension)
-from ..layers.kcla_layer import KCLALayer
-from ..layers.kcla_state import KCLAState
+from .compiled import compiled_applies, compiled_forward, extension
+from .state import KCLAState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .layer import KCLALayer
 
 BASIC_BLOCKS = (BasicBlock, MMSegBasicBlock)
 BOTTLENECKS = (Bottleneck, MMSegBottleneck)
 
 
 def has_hooks(module: nn.Module) -> bool:
-    """Whether ``module`` has forward (pre-)hooks of its own."""
+    """Whether ``module`` has forward (pre-)hooks of its own.
+
+    torch has no public call that answers this, so it reads the module's
+    hook dictionaries (and :func:`tail_fuses` torch's global ones);
+    tests/test_fused_block_tail.py pins on both supported torch versions
+    that every kind of forward hook turns the fusion off."""
     return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
@@ -50,12 +57,11 @@ def tail_norm(block: nn.Module) -> nn.Module:
     return block.norm3 if type(block) in BOTTLENECKS else block.norm2
 
 
-def tail_fuses(block: nn.Module, layer: nn.Module, x: Tensor,
+def tail_fuses(block: nn.Module, layer: 'KCLALayer', x: Tensor,
                state: Optional[KCLAState]) -> bool:
     """Whether :func:`fused_block_and_kcla` applies (module docstring)."""
     if (torch.is_grad_enabled()
-            or type(block) not in BASIC_BLOCKS + BOTTLENECKS
-            or not isinstance(layer, KCLALayer)):
+            or type(block) not in BASIC_BLOCKS + BOTTLENECKS):
         return False
     norm = tail_norm(block)
     return (not block.training and not layer.training
@@ -71,7 +77,7 @@ def tail_fuses(block: nn.Module, layer: nn.Module, x: Tensor,
 
 
 def fused_block_and_kcla(
-        block: nn.Module, layer: KCLALayer, x: Tensor,
+        block: nn.Module, layer: 'KCLALayer', x: Tensor,
         state: Optional[KCLAState]) -> Optional[Tuple[Tensor, KCLAState]]:
     """``layer(block(x), state)`` with the block's tail fused into the
     kernels where :func:`tail_fuses`; None (nothing run) elsewhere."""

@@ -7,7 +7,7 @@ plane at a time, forward and backward.
 Eager PyTorch runs these as six to eight passes over block-sized tensors
 and keeps four of them for backward; the kernels make two passes (one in
 inference) and keep none: the backward pass recomputes the state with the
-:class:`~.kcla_recompute.StateTape` of ``'recompute'`` and the conv plane by
+:class:`~.recompute.StateTape` of ``'recompute'`` and the conv plane by
 plane, in cache. In inference the pooled-vector work (queries, keys, weights,
 gate) is one more kernel call; in training it stays in PyTorch, with
 autograd, as does Algorithm 1.
@@ -15,31 +15,32 @@ autograd, as does Algorithm 1.
 The extension is built by ``pip install -e .`` (setup.py) where a C++
 compiler is found; ``kcla_implementation='auto'`` (the default) uses it for
 what it covers (CPU, fp32/fp64, NCHW, BatchNorm, no autocast) and
-:mod:`.kcla_fused` for everything else. The pure-PyTorch layer is the
+:mod:`.fused` for everything else. The pure-PyTorch layer is the
 oracle it is tested against (tests/test_kcla_compiled.py).
 """
 import glob
 import importlib
+import os
 import os.path as osp
 import warnings
 from functools import lru_cache
 from types import ModuleType
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...torch_compat import is_autocast_enabled
-from .attention_branch import drop_path_mask
-from .kcla_fused import renormalise_in_forward
-from .kcla_recompute import StateTape, recomputed_forward
-from .kcla_state import STATE_EPS, KCLAState
-from .profiling import phase
+from ....torch_compat import is_autocast_enabled
+from ..attention_branch import drop_path_mask
+from .fused import renormalise_in_forward
+from .recompute import StateTape, recomputed_forward
+from ..profiling import phase
+from .state import STATE_EPS, KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .kcla_layer import KCLALayer
+    from .layer import KCLALayer
 
 
 def extension_name() -> str:
@@ -50,18 +51,37 @@ def extension_name() -> str:
     return f'kcla_mm._kcla_cpu_t{major}_{minor}'
 
 
-@lru_cache(maxsize=None)
+#: The environment variable that turns the kernels off: set to anything but
+#: '' or '0', :func:`extension` returns None as on an install without them
+#: (``'auto'`` then runs ``'fused'``, ``'compiled'`` refuses to build).
+NO_EXTENSION_ENV = 'KCLA_MM_NO_EXTENSION'
+
+
+def extension_disabled() -> bool:
+    """Whether :data:`NO_EXTENSION_ENV` turns the kernels off."""
+    return os.environ.get(NO_EXTENSION_ENV, '0') not in ('', '0')
+
+
 def extension() -> Optional[ModuleType]:
     """The compiled kernels, or None where setup did not build them for
     this torch (no compiler, torch upgraded since, or a source tree used
-    without installing); then a warning says so if a build for another
+    without installing) or where ``KCLA_MM_NO_EXTENSION`` is set (to
+    anything but '' or '0'); a warning says so if a build for another
     torch is there."""
+    if extension_disabled():
+        return None
+    return load_extension()
+
+
+@lru_cache(maxsize=None)
+def load_extension() -> Optional[ModuleType]:
+    """:func:`extension` without the environment check, imported once."""
     try:
         return importlib.import_module(extension_name())
     except ImportError:
         others = glob.glob(
             osp.join(
-                osp.dirname(osp.dirname(osp.dirname(__file__))),
+                osp.dirname(osp.dirname(osp.dirname(osp.dirname(__file__)))),
                 '_kcla_cpu_t*'))
         if others:
             warnings.warn(
@@ -70,7 +90,7 @@ def extension() -> Optional[ModuleType]:
                 f'not for torch {torch.__version__}: reinstall kcla_mm '
                 '(`pip install --no-build-isolation -e .`) to build them; '
                 'the pure-PyTorch layer runs meanwhile',
-                stacklevel=2)
+                stacklevel=3)
         return None
 
 
@@ -78,6 +98,12 @@ def require_extension() -> ModuleType:
     """The compiled kernels, or an error that says how to build them."""
     ext = extension()
     if ext is None:
+        if extension_disabled():
+            raise RuntimeError(
+                f"implementation='compiled' needs the C++ extension "
+                f'{extension_name()}, which {NO_EXTENSION_ENV}='
+                f'{os.environ[NO_EXTENSION_ENV]!r} turns off: unset it, or '
+                "use implementation='auto' or 'fused'")
         raise RuntimeError(
             f"implementation='compiled' needs the C++ extension "
             f'{extension_name()}, which is not built: reinstall kcla_mm from '
@@ -86,26 +112,58 @@ def require_extension() -> ModuleType:
     return ext
 
 
+def _state_matches(x: Tensor, state: Optional[KCLAState]) -> bool:
+    return state is None or (state.u.dtype == x.dtype
+                             and state.u.is_contiguous())
+
+
+#: What the kernels need of a call, in the order they are checked:
+#: (condition, test(layer, x, state)). :func:`compiled_unmet` names the
+#: first that does not hold. Never under ``torch.jit.trace`` (FLOP
+#: counting, ONNX export): the tracer cannot see into the kernels and
+#: would record their outputs as constants. A training BN over one value
+#: per channel is left to PyTorch's, which refuses it.
+COMPILED_CONDITIONS: Tuple[Tuple[str, Callable[..., bool]], ...] = (
+    ('the C++ extension is available',
+     lambda layer, x, state: extension() is not None),
+    ('not under torch.jit.trace',
+     lambda layer, x, state: not torch.jit.is_tracing()),
+    ('the input is on the CPU',
+     lambda layer, x, state: x.device.type == 'cpu'),
+    ('the input is fp32 or fp64', lambda layer, x, state: x.dtype in
+     (torch.float32, torch.float64)),
+    ('the input is contiguous (NCHW)',
+     lambda layer, x, state: x.is_contiguous()),
+    ('CPU autocast is off',
+     lambda layer, x, state: not is_autocast_enabled('cpu')),
+    ("the layer's weights are in the input's dtype",
+     lambda layer, x, state: layer.value_conv.weight.dtype == x.dtype),
+    ('the norm is a BatchNorm (not SyncBN)',
+     lambda layer, x, state: isinstance(layer.norm, _BatchNorm) and
+     not isinstance(layer.norm, nn.SyncBatchNorm)),
+    ("the state is in the input's dtype and contiguous",
+     lambda layer, x, state: _state_matches(x, state)),
+    ('a training BN sees more than one value per channel', lambda layer, x,
+     state: not (uses_batch_stats(layer.norm) and x.numel() == x.shape[1])),
+)
+
+
+def compiled_unmet(layer: 'KCLALayer', x: Tensor,
+                   state: Optional[KCLAState]) -> Optional[str]:
+    """The first of :data:`COMPILED_CONDITIONS` that this call does not
+    meet, or None where the kernels cover it."""
+    for condition, holds in COMPILED_CONDITIONS:
+        if not holds(layer, x, state):
+            return condition
+    return None
+
+
 def compiled_applies(layer: 'KCLALayer', x: Tensor,
                      state: Optional[KCLAState]) -> bool:
     """Whether the kernels cover this call: CPU, fp32 or fp64 throughout,
-    NCHW, a BatchNorm (not SyncBN, GN, ...) and no autocast. A training BN
-    over one value per channel is left to PyTorch's, which refuses it.
-
-    Never under ``torch.jit.trace`` (FLOP counting, ONNX export): the
-    tracer cannot see into the kernels and would record their outputs as
-    constants."""
-    norm = layer.norm
-    return (extension() is not None and not torch.jit.is_tracing()
-            and x.device.type == 'cpu'
-            and x.dtype in (torch.float32, torch.float64)
-            and x.is_contiguous() and not is_autocast_enabled('cpu')
-            and layer.value_conv.weight.dtype == x.dtype
-            and isinstance(norm, _BatchNorm)
-            and not isinstance(norm, nn.SyncBatchNorm)
-            and (state is None or
-                 (state.u.dtype == x.dtype and state.u.is_contiguous()))
-            and not (uses_batch_stats(norm) and x.numel() == x.shape[1]))
+    NCHW, a BatchNorm (not SyncBN, GN, ...) and no autocast, nor tracing
+    (:data:`COMPILED_CONDITIONS`)."""
+    return compiled_unmet(layer, x, state) is None
 
 
 def uses_batch_stats(norm: _BatchNorm) -> bool:
@@ -206,18 +264,17 @@ def compiled_update(layer: 'KCLALayer', tape: StateTape, step: int,
 def compiled_forward(layer: 'KCLALayer',
                      x: Tensor,
                      state: Optional[KCLAState],
-                     inplace: bool = False,
                      means: Optional[Tensor] = None,
                      overwrite_x: bool = False) -> Tuple[Tensor, KCLAState]:
     """:meth:`KCLALayer.forward_reference` in the kernels (see
     :func:`compiled_applies`); a train step goes through
     :func:`.recomputed_forward`'s tape, other calls straight to the
-    kernels (``inplace`` as in :func:`.fused_forward`).
+    kernels.
 
     Without autograd, ``means`` may give ``x``'s plane means (N, C) in
     float64, and ``overwrite_x`` let the output be written over ``x`` (the
     state is still not updated in place): both for a caller that made
-    ``x`` itself (:mod:`..backbones.fused_block_tail`)."""
+    ``x`` itself (:mod:`.block_tail`)."""
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(
         p.requires_grad for p in layer.parameters()))
     if needs_grad:
@@ -236,15 +293,13 @@ def compiled_forward(layer: 'KCLALayer',
     batch_stats = uses_batch_stats(norm)
     mask = drop_path_mask(x, layer.drop_path, layer.training)
     no_grad = not torch.is_grad_enabled()
-    out_in_place = (inplace or overwrite_x) and no_grad
-    state_in_place = inplace and no_grad
+    out_in_place = overwrite_x and no_grad
     with phase('update_branch'):
         out, u, mean, var = ext.branch_forward(
             x, None if state is None else state.u, w, scale,
             layer.value_conv.weight, *norm_args(norm, batch_stats),
             batch_stats, norm.eps, layer.branch_scale,
-            None if mask is None else mask.view(-1), out_in_place,
-            state_in_place)
+            None if mask is None else mask.view(-1), out_in_place, False)
     if batch_stats:
         update_running_stats(norm, mean, var, x.numel() // x.shape[1])
     return out, KCLAState(u, z)

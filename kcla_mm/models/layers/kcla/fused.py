@@ -18,8 +18,7 @@ it (tests/test_kcla_fused.py):
   per-head ``gate / (Z + eps)`` (and, for an eval-mode BN, its affine map)
   folded into the depthwise kernel, which is linear and per channel, so
   that the state is read once instead of three times;
-* :func:`fused_forward`: the whole layer, optionally updating the block
-  output and the state in place in inference.
+* :func:`fused_forward`: the whole layer.
 """
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
@@ -27,18 +26,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...torch_compat import is_autocast_enabled
-from .attention_branch import (adapt_state, add_branch, bn_affine,
-                               full_precision, grouped_strided_input,
-                               head_scaled_add, is_frozen_bn,
-                               is_plain_pointwise, matmul_adapts,
-                               per_sample_weight, pooled_conv, pooled_linear,
-                               scale_branch, scaled_adapt, spatial_mean)
-from .kcla_state import STATE_EPS, KCLAState
-from .profiling import phase
+from ....torch_compat import is_autocast_enabled
+from ..attention_branch import (adapt_state, add_branch, bn_affine,
+                                full_precision, grouped_strided_input,
+                                head_scaled_add, is_frozen_bn,
+                                is_plain_pointwise, matmul_adapts,
+                                per_sample_weight, pooled_conv, pooled_linear,
+                                scale_branch, scaled_adapt, spatial_mean)
+from ..profiling import phase
+from .state import STATE_EPS, KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .kcla_layer import KCLALayer
+    from .layer import KCLALayer
 
 
 def fused_query_key(layer: 'KCLALayer', x: Tensor) -> Tuple[Tensor, Tensor]:
@@ -62,7 +61,7 @@ def fused_renormalise(
     (:func:`.matmul_adapts`), else a batched outer product, as is the final
     ``A Z'``; ``norm`` replaces ``layer.state_norm`` (see
     :func:`folded_value`)."""
-    u, z = state
+    u, z = state.u, state.z
     conv = layer.state_adapt
     if (conv is not None and u.dtype == layer.value_conv.weight.dtype
             and matmul_adapts(conv, u)):
@@ -106,7 +105,7 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
     What is left is a strided read of ``U`` and one matmul, where
     :func:`fused_renormalise` makes five passes.
     """
-    u, z = state
+    u, z = state.u, state.z
     n, c_in = u.shape[:2]
     in_scale = channel_reciprocal(z, c_in)
     bn_scale, bn_shift = bn_affine(layer.state_norm)
@@ -217,29 +216,17 @@ def gate_and_weight(layer: 'KCLALayer', query: Tensor,
     return gate, w
 
 
-def fused_forward(layer: 'KCLALayer',
-                  x: Tensor,
-                  state: Optional[KCLAState],
-                  inplace: bool = False) -> Tuple[Tensor, KCLAState]:
-    """:meth:`KCLALayer.forward_reference`, fused.
-
-    With ``inplace`` and without autograd, ``x`` and ``state.u`` are
-    updated in place (see ``KCLALayer``'s ``inplace`` argument).
-    """
+def fused_forward(layer: 'KCLALayer', x: Tensor,
+                  state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:
+    """:meth:`KCLALayer.forward_reference`, fused."""
     if state is not None and layer.renorm:
         with phase('renormalise'):
             state = renormalise_in_forward(layer, state)
     with phase('pooled'):
         gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
-
-    in_place = inplace and not torch.is_grad_enabled()
     with phase('state_update'):
         if state is None:
             u, z = head_scaled_add(None, w, x), w
-        elif in_place:
-            u, z = state.u, state.z + w
-            layer.split_heads(u).addcmul_(
-                layer.split_heads(x), w[..., None, None, None])
         else:
             u, z = head_scaled_add(state.u, w, x), state.z + w
     with phase('branch'):
@@ -247,8 +234,5 @@ def fused_forward(layer: 'KCLALayer',
             folded_value(layer, u, gate / (z + STATE_EPS), x.dtype),
             layer.branch_scale)
     with phase('residual'):
-        if in_place and not (layer.training and layer.drop_path > 0):
-            x = x.add_(out)
-        else:
-            x = add_branch(x, out, layer.drop_path, layer.training)
+        x = add_branch(x, out, layer.drop_path, layer.training)
     return x, KCLAState(u, z)

@@ -32,16 +32,16 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...torch_compat import is_autocast_enabled
-from .attention_branch import (drop_path_mask, head_scaled_add,
-                               masked_residual_add, scale_branch)
-from .kcla_fused import (folded_value, fused_forward, fused_query_key,
-                         fused_renormalise, gate_and_weight)
-from .kcla_state import STATE_EPS, KCLAState
-from .profiling import phase
+from ....torch_compat import is_autocast_enabled
+from ..attention_branch import (drop_path_mask, head_scaled_add,
+                                masked_residual_add, scale_branch)
+from .fused import (folded_value, fused_forward, fused_query_key,
+                    fused_renormalise, gate_and_weight)
+from ..profiling import phase
+from .state import STATE_EPS, KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .kcla_layer import KCLALayer
+    from .layer import KCLALayer
 
 
 def replayable(layer: 'KCLALayer', x: Tensor) -> bool:
@@ -135,11 +135,10 @@ class StateTape:
         return self.cache[step] if keep else self.cache.pop(step)
 
 
-def tape_position(u: Tensor) -> Optional[Tuple[StateTape, int]]:
-    """The tape and step that ``u`` came from, if a recomputing layer made
-    it."""
-    tape = getattr(u, '_kcla_tape', None)
-    return None if tape is None else (tape, u._kcla_step)
+def tape_position(state: KCLAState) -> Optional[Tuple[StateTape, int]]:
+    """The tape and step that ``state.u`` came from, if a recomputing
+    layer made it (:attr:`.KCLAState.tape`)."""
+    return state.tape
 
 
 class RecomputedUpdate(torch.autograd.Function):
@@ -194,7 +193,7 @@ class RecomputedRenorm(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(None if source else u, z, *params)
         with phase('renormalise'):
-            return tuple(fused_renormalise(layer, KCLAState(u, z)))
+            return tuple(fused_renormalise(layer, KCLAState(u, z))[:2])
 
     @staticmethod
     def incoming_state(ctx, keep: bool) -> KCLAState:
@@ -298,13 +297,13 @@ def recomputed_forward(
     if state is None:
         tape = StateTape(lambda: None)
     elif layer.renorm:
-        u, z = RecomputedRenorm.apply(layer, tape_position(state.u), *state,
-                                      *renorm_parameters(layer))
+        u, z = RecomputedRenorm.apply(layer, tape_position(state), state.u,
+                                      state.z, *renorm_parameters(layer))
         if u.requires_grad:  # u.grad_fn is the node
             tape = StateTape(renormalised_start(u.grad_fn))
         state = KCLAState(u, z)
-    elif tape_position(state.u) is not None:
-        tape, step = tape_position(state.u)
+    elif tape_position(state) is not None:
+        tape, step = tape_position(state)
         step += 1
     keep_prev = step == 1 and tape.start is None
     with phase('pooled'):
@@ -315,5 +314,4 @@ def recomputed_forward(
                   None if state is None else state.u, w,
                   gate / (z + STATE_EPS), mask)
     # The next layer finds the tape through the state it receives.
-    u._kcla_tape, u._kcla_step = tape, step
-    return x, KCLAState(u, z)
+    return x, KCLAState(u, z, (tape, step))

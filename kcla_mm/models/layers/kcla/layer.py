@@ -4,8 +4,9 @@
 :meth:`KCLALayer.forward_reference` is the layer as the paper writes it, one
 line per equation; it follows the official ImageNet model (github
 bgx666/KCLA, ``imagenet/kcla_resnet.py``) equation for equation and is the
-oracle of every fast path. :mod:`.kcla_fused` holds the default, faster
-implementation of the same function, tested against it. Two choices differ
+oracle of every fast path. The fast paths sit beside it in this package
+(:mod:`.fused`, :mod:`.recompute`, :mod:`.compiled`), each tested against
+it; :mod:`.dispatch` picks the one that runs a call. Two choices differ
 from the official code without changing its fp32 result:
 
 * only the modules that the forward pass uses are built, so DDP does not need
@@ -26,17 +27,16 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .attention_branch import (add_branch, build_state_adapter,
-                               check_branch_args, eca_conv1d, init_cfg_list,
-                               pooled_conv, pooled_linear, scale_branch,
-                               spatial_mean, zero_branch_scale)
-from .kcla_compiled import (compiled_applies, compiled_forward, extension,
-                            require_extension)
-from .kcla_fused import fused_forward
-from .kcla_recompute import recomputed_forward
-from .kcla_state import STATE_EPS, KCLAState
-
-IMPLEMENTATIONS = ('auto', 'compiled', 'fused', 'reference', 'recompute')
+from ..attention_branch import (add_branch, build_state_adapter,
+                                check_branch_args, eca_conv1d, init_cfg_list,
+                                pooled_conv, pooled_linear, scale_branch,
+                                spatial_mean, zero_branch_scale)
+from .block_tail import fused_block_and_kcla
+from .compiled import compiled_forward, extension, require_extension
+from .dispatch import IMPLEMENTATIONS, select_implementation
+from .fused import fused_forward
+from .recompute import recomputed_forward
+from .state import STATE_EPS, KCLAState
 
 
 def head_temperatures(num_heads: int,
@@ -93,23 +93,22 @@ class KCLALayer(BaseModule):
         drop_path (float): Drop-path rate of the attention branch.
             Default: 0.2.
         implementation (str): ``'auto'`` (``'compiled'`` where it applies,
-            else ``'fused'``), ``'compiled'`` (:mod:`.kcla_compiled`: the
+            else ``'fused'``), ``'compiled'`` (:mod:`.compiled`: the
             block-sized work in the C++ kernels that setup builds, two
             passes over memory, nothing block-sized kept for backward;
-            CPU, fp32/fp64, NCHW and BatchNorm only, ``'fused'`` for the
-            rest; an error where the extension is not built), ``'fused'``
-            (:mod:`.kcla_fused`: pure PyTorch, fewer passes over memory
+            CPU, fp32/fp64, NCHW and BatchNorm only; an error where the
+            extension is not built, and a call it does not cover raises
+            naming the condition that fails: see
+            :data:`.compiled.COMPILED_CONDITIONS`), ``'fused'``
+            (:mod:`.fused`: pure PyTorch, fewer passes over memory
             than the reference), ``'reference'`` (:meth:`forward_reference`,
             the equations above as written) or ``'recompute'`` (the fused
             path whose train steps keep one block-sized tensor per layer
             for the backward pass instead of four, and recompute the
-            branch there: :mod:`.kcla_recompute`). All compute the same
-            function. Default: 'auto'.
-        inplace (bool): In inference without autograd, let the fused
-            implementation add into the block output and the state in
-            place, saving two tensors per block. A forward hook that keeps
-            the output of the block (``layerN.J``) or of this layer then
-            sees it change, so it is off unless asked for. Default: False.
+            branch there: :mod:`.recompute`). All compute the same
+            function; :data:`.dispatch.DISPATCH` says which runs a call,
+            and ``last_implementation`` which ran the last one.
+            Default: 'auto'.
         zero_init_branch (bool): Multiply the branch output (after its
             ReLU) by a learnable per-channel ``branch_scale`` that starts
             at 0, so that the layer starts by returning X^t unchanged (warm
@@ -136,7 +135,6 @@ class KCLALayer(BaseModule):
                  clamp: float = 10.,
                  drop_path: float = 0.2,
                  implementation: str = 'auto',
-                 inplace: bool = False,
                  zero_init_branch: bool = False,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),
@@ -158,7 +156,8 @@ class KCLALayer(BaseModule):
         self.clamp = float(clamp)
         self.drop_path = drop_path
         self.implementation = implementation
-        self.inplace = inplace
+        # The implementation that ran the last call (see .dispatch).
+        self.last_implementation: Optional[str] = None
         state_channels = channels if state_channels is None else state_channels
 
         self.query_conv = eca_conv1d(channels)
@@ -227,7 +226,7 @@ class KCLALayer(BaseModule):
     def renormalise(self, state: KCLAState) -> KCLAState:
         """Algorithm 1: carry the state across a change of width or size
         (or, at the official block 11, re-normalise it in place)."""
-        u, z = state
+        u, z = state.u, state.z
         n, heads_in = z.shape
         # A = U / Z, Z per head of the previous stage.
         a = (u.view(n, heads_in, -1, *u.shape[2:]) /
@@ -275,6 +274,20 @@ class KCLALayer(BaseModule):
         v = v * gate[..., None, None, None]
         return F.relu(self.norm(v.flatten(1, 2).to(dtype)))
 
+    def forward_with_block(
+            self, block: nn.Module, x: Tensor,
+            state: Optional[KCLAState]) -> Optional[Tuple[Tensor, KCLAState]]:
+        """``self(block(x), state)`` with the block's last norm, residual
+        add and ReLU fused into the compiled kernels, where nothing could
+        tell the difference (:mod:`.block_tail`); None, having run
+        nothing, elsewhere: the caller then runs ``block`` and this layer
+        as modules. A layer-attention backbone asks any attention module
+        that offers this method."""
+        out = fused_block_and_kcla(block, self, x, state)
+        if out is not None:
+            self.last_implementation = 'compiled'
+        return out
+
     def forward(self, x: Tensor,
                 state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:
         """Returns the updated block output and the new state.
@@ -284,11 +297,12 @@ class KCLALayer(BaseModule):
             state (KCLAState, optional): (U^{t-1}, Z^{t-1}); None at the
                 network's first block.
         """
-        if self.implementation == 'reference':
+        implementation = select_implementation(self, x, state)
+        self.last_implementation = implementation
+        if implementation == 'reference':
             return self.forward_reference(x, state)
-        if (self.implementation in ('auto', 'compiled')
-                and compiled_applies(self, x, state)):
-            return compiled_forward(self, x, state, inplace=self.inplace)
-        if self.implementation == 'recompute' and torch.is_grad_enabled():
+        if implementation == 'compiled':
+            return compiled_forward(self, x, state)
+        if implementation == 'recompute':
             return recomputed_forward(self, x, state)
-        return fused_forward(self, x, state, inplace=self.inplace)
+        return fused_forward(self, x, state)

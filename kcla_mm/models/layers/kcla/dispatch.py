@@ -1,0 +1,70 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""Which implementation of :class:`~.KCLALayer` runs a call: one table,
+:data:`DISPATCH`, read by one function, :func:`select_implementation`.
+
+All implementations compute the function of
+:meth:`KCLALayer.forward_reference`; they differ in speed and memory and in
+what they cover. The layer keeps the name of the one that ran its last call
+in ``KCLALayer.last_implementation``.
+"""
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
+
+from torch import Tensor
+
+from .compiled import compiled_applies, compiled_unmet
+from .recompute import replayable
+from .state import KCLAState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .layer import KCLALayer
+
+#: What ``implementation`` may ask for.
+IMPLEMENTATIONS = ('auto', 'compiled', 'fused', 'reference', 'recompute')
+
+Condition = Callable[['KCLALayer', Tensor, Optional[KCLAState]], bool]
+
+
+def always(layer: 'KCLALayer', x: Tensor, state: Optional[KCLAState]) -> bool:
+    """The condition of a row that always applies."""
+    return True
+
+
+def recomputes(layer: 'KCLALayer', x: Tensor,
+               state: Optional[KCLAState]) -> bool:
+    """A train step that :func:`.recompute.replayable` covers."""
+    return replayable(layer, x)
+
+
+#: (implementations asked for, condition, what runs): the first row that
+#: lists the layer's ``implementation`` and whose condition holds for the
+#: call decides. ``'compiled'`` asked for where no row applies is an
+#: error that names the condition that fails (:func:`.compiled_unmet`).
+DISPATCH: Tuple[Tuple[Tuple[str, ...], Condition, str], ...] = (
+    (('reference', ), always, 'reference'),
+    (('auto', 'compiled'), compiled_applies, 'compiled'),
+    (('recompute', ), recomputes, 'recompute'),
+    (('auto', 'fused', 'recompute'), always, 'fused'),
+)
+
+
+def select_implementation(layer: 'KCLALayer', x: Tensor,
+                          state: Optional[KCLAState]) -> str:
+    """The implementation that runs ``layer(x, state)``: ``'reference'``,
+    ``'compiled'``, ``'recompute'`` or ``'fused'`` (:data:`DISPATCH`).
+
+    Raises:
+        RuntimeError: ``implementation='compiled'`` where the kernels do
+            not cover the call; the message names the condition.
+    """
+    asked = layer.implementation
+    for implementations, condition, runs in DISPATCH:
+        if asked in implementations and condition(layer, x, state):
+            return runs
+    if asked == 'compiled':
+        raise RuntimeError(
+            "KCLALayer(implementation='compiled') cannot run this call: "
+            f'{compiled_unmet(layer, x, state)} does not hold (input '
+            f'{x.dtype} on {x.device.type}); use '
+            "implementation='auto' to fall back to 'fused' there")
+    raise ValueError(f'implementation={asked!r} must be one of '
+                     f'{IMPLEMENTATIONS}')

@@ -1,0 +1,112 @@
+"""Which KCLA implementation runs a call (kcla_mm/models/layers/kcla/
+dispatch.py): one row of the table per condition, the layer's report of
+what ran, and 'compiled' asked for where it cannot run, which fails naming
+the condition."""
+import re
+
+import pytest
+import torch
+
+from kcla_mm.models.layers import KCLALayer
+from kcla_mm.models.layers.kcla import select_implementation
+from kcla_mm.models.layers.kcla.compiled import extension
+from helpers import incoming_state
+
+requires_extension = pytest.mark.skipif(
+    extension() is None,
+    reason='the compiled kernels are not built or KCLA_MM_NO_EXTENSION is '
+    'set')
+
+
+def layer_and_input(implementation, norm='BN', train=True):
+    norm_cfg = dict(
+        type='GN', num_groups=4) if norm == 'GN' else dict(type='BN')
+    layer = KCLALayer(
+        256, implementation=implementation, drop_path=0., norm_cfg=norm_cfg)
+    layer.train(train)
+    return layer, torch.rand(2, 256, 9, 7), incoming_state('carry', 2)
+
+
+def runs(layer, x, state, grad=True):
+    """What the table selects, and what the layer then reports."""
+    with torch.set_grad_enabled(grad):
+        chosen = select_implementation(layer, x, state)
+        layer(x.requires_grad_(grad), state)
+    assert layer.last_implementation == chosen
+    return chosen
+
+
+@pytest.mark.parametrize('grad', [True, False])
+def test_reference_and_fused_run_as_asked(grad):
+    for implementation in ('reference', 'fused'):
+        layer, x, state = layer_and_input(implementation)
+        assert runs(layer, x, state, grad) == implementation
+
+
+def test_recompute_runs_in_train_steps_only():
+    layer, x, state = layer_and_input('recompute')
+    assert runs(layer, x, state) == 'recompute'
+    assert runs(layer, x, state, grad=False) == 'fused'
+    with torch.autocast('cpu'):
+        assert runs(layer, x, state) == 'fused'
+    for p in layer.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad():
+        assert select_implementation(layer, x, state) == 'fused'
+
+
+@requires_extension
+@pytest.mark.parametrize('grad', [True, False])
+def test_auto_runs_the_kernels_where_they_apply(grad):
+    layer, x, state = layer_and_input('auto')
+    assert runs(layer, x, state, grad) == 'compiled'
+    assert runs(layer, x.contiguous(memory_format=torch.channels_last), state,
+                grad) == 'fused'
+    gn_layer, _, _ = layer_and_input('auto', norm='GN')
+    assert runs(gn_layer, x, state, grad) == 'fused'
+    with torch.autocast('cpu'):
+        assert select_implementation(layer, x, state) == 'fused'
+    assert runs(layer.double(), x.double(), None, grad) == 'compiled'
+
+
+def test_auto_without_the_kernels_runs_fused(monkeypatch):
+    monkeypatch.setenv('KCLA_MM_NO_EXTENSION', '1')
+    layer, x, state = layer_and_input('auto')
+    assert runs(layer, x, state) == 'fused'
+    assert runs(layer, x, state, grad=False) == 'fused'
+
+
+@requires_extension
+@pytest.mark.parametrize('case, condition', [
+    ('channels_last', 'the input is contiguous (NCHW)'),
+    ('GN', 'the norm is a BatchNorm (not SyncBN)'),
+    ('bf16', 'the input is fp32 or fp64'),
+    ('autocast', 'CPU autocast is off'),
+    ('trace', 'not under torch.jit.trace'),
+    ('no extension', 'the C++ extension is available'),
+])
+def test_compiled_asked_for_fails_naming_the_condition(monkeypatch, case,
+                                                       condition):
+    """Instead of quietly running 'fused'."""
+    layer, x, state = layer_and_input(
+        'compiled', norm='GN' if case == 'GN' else 'BN', train=False)
+    if case == 'channels_last':
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif case == 'bf16':
+        layer, x = layer.bfloat16(), x.bfloat16()
+    elif case == 'no extension':
+        monkeypatch.setenv('KCLA_MM_NO_EXTENSION', '1')
+
+    def call():
+        with torch.no_grad(), torch.autocast(
+                'cpu', enabled=case == 'autocast'):
+            if case == 'trace':
+                torch.jit.trace(lambda t: layer(t, None)[0], (x, ))
+            else:
+                layer(x, state)
+
+    with pytest.raises(
+            RuntimeError,
+            match=r"implementation='compiled'.*" + re.escape(condition) +
+            ' does not hold'):
+        call()

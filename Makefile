@@ -13,7 +13,7 @@ PRETRAIN_CONFIG := configs/kcla/demo/kcla-r18_1xb32_synthetic-imagenet.py
 PRETRAIN_DATA := data/synthetic_imagenet
 PRETRAIN_WORK := work_dirs/demo_pretrain
 
-.PHONY: setup setup-compat demo demo-pretrain test test-quick test-compat lint bench backbone-summary
+.PHONY: setup setup-compat demo demo-pretrain test test-quick test-no-extension test-compat lint bench backbone-summary
 
 setup:
 	bash scripts/setup_venv.sh main
@@ -53,6 +53,13 @@ test: setup
 # trainings, wheel builds, float64 R101 pairs); CI runs them all.
 test-quick: setup
 	$(PY) -m pytest tests -q -m 'not slow'
+
+# The layer tests as on an install without the C++ kernels
+# (no compiler): KCLA_MM_NO_EXTENSION=1 turns them off at run time, 'auto'
+# then runs 'fused' and the kernels' own tests skip. CI runs it.
+LAYER_TESTS := tests/test_kcla_layer.py tests/test_kcla_dispatch.py tests/test_kcla_fused.py tests/test_kcla_recompute.py tests/test_kcla_compiled.py tests/test_fused_block_tail.py tests/test_half_precision.py
+test-no-extension: setup
+	KCLA_MM_NO_EXTENSION=1 $(PY) -m pytest $(LAYER_TESTS) -q -m 'not slow'
 
 test-compat: setup-compat
 	$(PY_COMPAT) -m pytest tests -q

@@ -1,5 +1,6 @@
 """Helpers shared by the test modules (fixtures live in conftest.py)."""
 import importlib.util
+import os
 import os.path as osp
 import socket
 import subprocess
@@ -92,3 +93,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
+
+
+def skip_module_without_extension(why: str) -> None:
+    """Skip the calling test module where ``KCLA_MM_NO_EXTENSION`` is set
+    (an install without the C++ kernels); ``why`` says what needs them."""
+    if os.environ.get('KCLA_MM_NO_EXTENSION', '0') not in ('', '0'):
+        pytest.skip(
+            'KCLA_MM_NO_EXTENSION is set: kcla_mm was installed without its '
+            f'C++ kernels, {why}',
+            allow_module_level=True)

@@ -3,7 +3,6 @@
 modules run one by one (and as the reference layer), where it applies, and
 the modules themselves wherever something could tell the difference."""
 import copy
-import os
 
 import pytest
 import torch
@@ -14,14 +13,11 @@ from kcla_mm.models.backbones.mmseg_resnet import MMSegKCLAResNetV1c
 from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.kcla.block_tail import (fused_block_and_kcla,
                                                    tail_fuses)
-from helpers import assert_close_to_max, small_backbone
+from helpers import (assert_close_to_max, skip_module_without_extension,
+                     small_backbone)
 from official_reference import randomise_
 
-if os.environ.get('KCLA_MM_NO_EXTENSION', '0') not in ('', '0'):
-    pytest.skip(
-        'KCLA_MM_NO_EXTENSION is set: kcla_mm was installed without its '
-        'C++ kernels, which the fused block tail runs in',
-        allow_module_level=True)
+skip_module_without_extension('which the fused block tail runs in')
 
 pytestmark = pytest.mark.usefixtures('ext')
 

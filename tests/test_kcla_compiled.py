@@ -4,7 +4,6 @@ PyTorch ops: plane borders of every size, batch or running statistics, drop
 path, branch scale, in place; which calls 'auto' sends to them; and the
 fallback where they are not built. Whole layers and backbones against the
 reference are in test_kcla_fused.py and test_kcla_recompute.py."""
-import os
 
 import pytest
 import torch
@@ -17,14 +16,11 @@ from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers import KCLALayer
 from kcla_mm.models.layers.kcla import STATE_EPS
 from kcla_mm.models.layers.kcla.fused import fused_query_key, gate_and_weight
-from helpers import assert_close_to_max, incoming_state
+from helpers import (assert_close_to_max, incoming_state,
+                     skip_module_without_extension)
 from official_reference import randomise_
 
-if os.environ.get('KCLA_MM_NO_EXTENSION', '0') not in ('', '0'):
-    pytest.skip(
-        'KCLA_MM_NO_EXTENSION is set: kcla_mm was installed without its '
-        'C++ kernels',
-        allow_module_level=True)
+skip_module_without_extension('which this module tests')
 
 
 def branch_in_torch(x, u_prev, w, scale, kernel, gamma, beta, mean, var, eps,
@@ -213,7 +209,8 @@ def test_pooled_kernel_is_the_torch_ops(ext, float64, carry):
         x.double().mean((2, 3)))
     for ours, theirs in zip(from_means, (w, z, scale)):
         assert_close_to_max(ours, theirs, 1e-12)
-    gate, want_w = gate_and_weight(layer, *fused_query_key(layer, x))
+    gate, want_w = gate_and_weight(layer.params(),
+                                   *fused_query_key(layer.params(), x))
     want_z = want_w if z_prev is None else z_prev + want_w
     assert_close_to_max(w, want_w, 1e-12)
     assert_close_to_max(z, want_z, 1e-12)

@@ -27,10 +27,16 @@ def layer_and_input(implementation, norm='BN', train=True):
     return layer, torch.rand(2, 256, 9, 7), incoming_state('carry', 2)
 
 
+def selected(layer, x, state):
+    """What the table selects for ``layer(x, state)``."""
+    return select_implementation(layer.implementation, layer.params(), x,
+                                 state)
+
+
 def runs(layer, x, state, grad=True):
     """What the table selects, and what the layer then reports."""
     with torch.set_grad_enabled(grad):
-        chosen = select_implementation(layer, x, state)
+        chosen = selected(layer, x, state)
         layer(x.requires_grad_(grad), state)
     assert layer.last_implementation == chosen
     return chosen
@@ -52,7 +58,7 @@ def test_recompute_runs_in_train_steps_only():
     for p in layer.parameters():
         p.requires_grad_(False)
     with torch.no_grad():
-        assert select_implementation(layer, x, state) == 'fused'
+        assert selected(layer, x, state) == 'fused'
 
 
 @requires_extension
@@ -65,7 +71,7 @@ def test_auto_runs_the_kernels_where_they_apply(grad):
     gn_layer, _, _ = layer_and_input('auto', norm='GN')
     assert runs(gn_layer, x, state, grad) == 'fused'
     with torch.autocast('cpu'):
-        assert select_implementation(layer, x, state) == 'fused'
+        assert selected(layer, x, state) == 'fused'
     assert runs(layer.double(), x.double(), None, grad) == 'compiled'
 
 
@@ -110,3 +116,36 @@ def test_compiled_asked_for_fails_naming_the_condition(monkeypatch, case,
             match=r"implementation='compiled'.*" + re.escape(condition) +
             ' does not hold'):
         call()
+
+
+def test_implementations_read_the_bundle_not_the_module():
+    """The fast paths compute from the KCLAParams they are given: a layer
+    whose modules changed after the bundle was made does not change what
+    the bundle gives."""
+    from kcla_mm.models.layers.kcla.fused import fused_forward
+    layer, x, state = layer_and_input('fused', train=False)
+    params = layer.params()
+    with torch.no_grad():
+        expected = fused_forward(params, x, state)
+        for module in (layer.query_conv, layer.key_conv, layer.value_conv,
+                       layer.head_mix):
+            module.weight = torch.nn.Parameter(torch.zeros_like(module.weight))
+        layer.norm = torch.nn.Identity()
+        got = fused_forward(params, x, state)
+        changed = fused_forward(layer.params(), x, state)
+    for a, b in zip((got[0], *got[1]), (expected[0], *expected[1])):
+        assert torch.equal(a, b)
+    assert not torch.equal(changed[0], expected[0])
+
+
+def test_state_unpacks_as_the_pair_and_carries_its_tape():
+    """``u, z = state`` is the paper's pair; a recomputing train step puts
+    its tape in the explicit ``tape`` field, the other paths leave it
+    None."""
+    layer, x, state = layer_and_input('recompute')
+    _, out = layer(x.requires_grad_(), state)
+    u, z = out
+    assert u is out.u and z is out.z
+    assert out.tape is not None and out.tape[1] == 1
+    layer.implementation = 'fused'
+    assert layer(x, state)[1].tape is None

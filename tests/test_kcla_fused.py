@@ -30,7 +30,7 @@ def compiled_layer_forward(layer, x, state):
     """'compiled' where the kernels cover the call; elsewhere asking for
     it is an error that names the condition, and 'auto' runs 'fused'."""
     layer.implementation = 'compiled'
-    unmet = compiled_unmet(layer, x, state)
+    unmet = compiled_unmet(layer.params(), x, state)
     if unmet is not None:
         with pytest.raises(RuntimeError, match=re.escape(unmet)):
             layer(x, state)
@@ -41,9 +41,12 @@ def compiled_layer_forward(layer, x, state):
 
 
 PATHS = {
-    'fused': fused_forward,
-    'recompute': recomputed_forward,
-    'compiled': compiled_layer_forward,
+    'fused':
+    lambda layer, x, state: fused_forward(layer.params(), x, state),
+    'recompute':
+    lambda layer, x, state: recomputed_forward(layer.params(), x, state),
+    'compiled':
+    compiled_layer_forward,
 }
 FORMATS = {
     'contiguous': torch.contiguous_format,
@@ -97,7 +100,8 @@ def assert_same_values_and_gradients(ours, refs, inputs, layer):
 
 def test_fused_query_key(float64):
     layer, x, _ = make_case('first')
-    for ours, ref in zip(fused_query_key(layer, x), layer.query_key(x)):
+    for ours, ref in zip(
+            fused_query_key(layer.params(), x), layer.query_key(x)):
         assert ours.shape == ref.shape == (3, 4, 64)
         assert_close_to_max(ours, ref, 1e-12)
 
@@ -109,8 +113,8 @@ def test_fused_renormalise(float64, case, mode):
     layer.train(mode == 'train')
     state = KCLAState(state.u.requires_grad_(), state.z.requires_grad_())
     assert_same_values_and_gradients(
-        tuple(fused_renormalise(layer, state)[:2]),
-        tuple(layer.renormalise(state)[:2]), state[:2], layer)
+        tuple(fused_renormalise(layer.params(), state)),
+        tuple(layer.renormalise(state)), tuple(state), layer)
 
 
 @pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])
@@ -164,10 +168,11 @@ def test_folded_renormalise(float64, case, n):
         assert layer.state_adapt.groups == 4  # 32 of a 64-channel head
     layer.eval()
     with torch.no_grad():
-        assert folds_renormalise(layer, state)
-        ours, ref = folded_renormalise(layer, state), layer.renormalise(state)
+        assert folds_renormalise(layer.params(), state)
+        ours, ref = folded_renormalise(layer.params(),
+                                       state), layer.renormalise(state)
     assert ours.u.shape == ref.u.shape
-    for a, b in zip(ours[:2], ref[:2]):
+    for a, b in zip(ours, ref):
         assert_close_to_max(a, b, 1e-12)
 
 
@@ -176,21 +181,21 @@ def test_folded_renormalise_only_in_inference():
     Algorithm 1 runs unfolded."""
     layer, _, state = make_case('adapt')
     layer.eval()
-    assert not folds_renormalise(layer, state)  # autograd
+    assert not folds_renormalise(layer.params(), state)  # autograd
     with torch.no_grad():
-        assert folds_renormalise(layer, state)
+        assert folds_renormalise(layer.params(), state)
         assert not folds_renormalise(
-            layer,
+            layer.params(),
             KCLAState(
                 state.u.contiguous(memory_format=torch.channels_last),
                 state.z))
         with torch.autocast('cpu'):
-            assert not folds_renormalise(layer, state)
+            assert not folds_renormalise(layer.params(), state)
         layer.train()
-        assert not folds_renormalise(layer, state)
+        assert not folds_renormalise(layer.params(), state)
         gn_layer, _, _ = make_case('adapt', norm='GN')
         gn_layer.state_norm = torch.nn.GroupNorm(4, 256).eval()
-        assert not folds_renormalise(gn_layer.eval(), state)
+        assert not folds_renormalise(gn_layer.eval().params(), state)
 
 
 @pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])
@@ -208,7 +213,7 @@ def test_folded_value(float64, norm, mode, n, memory_format):
     z = (torch.rand(n, 4) + 0.5).requires_grad_()
     gate = torch.rand(n, 4).requires_grad_()
     assert_same_values_and_gradients(
-        (folded_value(layer, u, gate / (z + STATE_EPS), u.dtype), ),
+        (folded_value(layer.params(), u, gate / (z + STATE_EPS), u.dtype), ),
         (layer.branch(u, z, gate, u.dtype), ), (u, z, gate), layer)
 
 
@@ -239,8 +244,8 @@ def test_fused_forward_float64(float64, path, zero_init_branch, case, mode, n,
         inputs += [state.u, state.z]
     y, new_state = PATHS[path](layer, x, state)
     y_ref, state_ref = layer.forward_reference(x, state)
-    assert_same_values_and_gradients((y, *new_state[:2]),
-                                     (y_ref, *state_ref[:2]), inputs, layer)
+    assert_same_values_and_gradients((y, *new_state), (y_ref, *state_ref),
+                                     inputs, layer)
 
 
 @pytest.mark.parametrize('zero_init_branch', [False, True])
@@ -262,7 +267,7 @@ def test_fused_inference_leaves_its_inputs_alone(float64, implementation, case,
         state_in = None if state is None else KCLAState(
             state.u.clone(), state.z.clone())
         y, new_state = layer(x_in, state_in)
-    for ours, ref in zip((y, *new_state[:2]), (y_ref, *state_ref[:2])):
+    for ours, ref in zip((y, *new_state), (y_ref, *state_ref)):
         assert_close_to_max(ours, ref, 1e-12)
     assert y.data_ptr() != x_in.data_ptr()
     assert torch.equal(x_in, x)
@@ -281,7 +286,7 @@ def test_fused_forward_float32_and_drop_path(path):
     y, new_state = PATHS[path](layer, x.requires_grad_(), state)
     torch.manual_seed(1)
     y_ref, state_ref = layer.forward_reference(x, state)
-    for ours, ref in zip((y, *new_state[:2]), (y_ref, *state_ref[:2])):
+    for ours, ref in zip((y, *new_state), (y_ref, *state_ref)):
         assert_close_to_max(ours, ref, 1e-5)
     dropped = ((y - x).flatten(1).abs().sum(1) == 0).sum().item()
     assert 0 < dropped < 8

@@ -73,7 +73,7 @@ def tail_fuses(block: nn.Module, layer: 'KCLALayer', x: Tensor,
             and not any(map(has_hooks, (block, norm, block.relu, layer)))
             and not module_hooks._global_forward_hooks
             and not module_hooks._global_forward_pre_hooks
-            and compiled_applies(layer, x, state))
+            and compiled_applies(layer.params(), x, state))
 
 
 def fused_block_and_kcla(
@@ -99,4 +99,4 @@ def fused_block_and_kcla(
                                                       norm.running_var,
                                                       norm.eps)
     return compiled_forward(
-        layer, block_out, state, means=means, overwrite_x=True)
+        layer.params(), block_out, state, means=means, overwrite_x=True)

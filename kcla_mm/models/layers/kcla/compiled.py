@@ -25,7 +25,7 @@ import os.path as osp
 import warnings
 from functools import lru_cache
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -34,13 +34,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ....torch_compat import is_autocast_enabled
 from ..attention_branch import drop_path_mask
-from .fused import renormalise_in_forward
-from .recompute import StateTape, recomputed_forward
 from ..profiling import phase
+from .fused import renormalise_in_forward
+from .params import KCLAParams
+from .recompute import StateTape, recomputed_forward
 from .state import STATE_EPS, KCLAState
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .layer import KCLALayer
 
 
 def extension_name() -> str:
@@ -118,52 +116,49 @@ def _state_matches(x: Tensor, state: Optional[KCLAState]) -> bool:
 
 
 #: What the kernels need of a call, in the order they are checked:
-#: (condition, test(layer, x, state)). :func:`compiled_unmet` names the
+#: (condition, test(p, x, state)). :func:`compiled_unmet` names the
 #: first that does not hold. Never under ``torch.jit.trace`` (FLOP
 #: counting, ONNX export): the tracer cannot see into the kernels and
 #: would record their outputs as constants. A training BN over one value
 #: per channel is left to PyTorch's, which refuses it.
 COMPILED_CONDITIONS: Tuple[Tuple[str, Callable[..., bool]], ...] = (
     ('the C++ extension is available',
-     lambda layer, x, state: extension() is not None),
+     lambda p, x, state: extension() is not None),
     ('not under torch.jit.trace',
-     lambda layer, x, state: not torch.jit.is_tracing()),
-    ('the input is on the CPU',
-     lambda layer, x, state: x.device.type == 'cpu'),
-    ('the input is fp32 or fp64', lambda layer, x, state: x.dtype in
+     lambda p, x, state: not torch.jit.is_tracing()),
+    ('the input is on the CPU', lambda p, x, state: x.device.type == 'cpu'),
+    ('the input is fp32 or fp64', lambda p, x, state: x.dtype in
      (torch.float32, torch.float64)),
-    ('the input is contiguous (NCHW)',
-     lambda layer, x, state: x.is_contiguous()),
+    ('the input is contiguous (NCHW)', lambda p, x, state: x.is_contiguous()),
     ('CPU autocast is off',
-     lambda layer, x, state: not is_autocast_enabled('cpu')),
+     lambda p, x, state: not is_autocast_enabled('cpu')),
     ("the layer's weights are in the input's dtype",
-     lambda layer, x, state: layer.value_conv.weight.dtype == x.dtype),
-    ('the norm is a BatchNorm (not SyncBN)',
-     lambda layer, x, state: isinstance(layer.norm, _BatchNorm) and
-     not isinstance(layer.norm, nn.SyncBatchNorm)),
+     lambda p, x, state: p.value_weight.dtype == x.dtype),
+    ('the norm is a BatchNorm (not SyncBN)', lambda p, x, state: isinstance(
+        p.norm, _BatchNorm) and not isinstance(p.norm, nn.SyncBatchNorm)),
     ("the state is in the input's dtype and contiguous",
-     lambda layer, x, state: _state_matches(x, state)),
-    ('a training BN sees more than one value per channel', lambda layer, x,
-     state: not (uses_batch_stats(layer.norm) and x.numel() == x.shape[1])),
+     lambda p, x, state: _state_matches(x, state)),
+    ('a training BN sees more than one value per channel', lambda p, x, state:
+     not (uses_batch_stats(p.norm) and x.numel() == x.shape[1])),
 )
 
 
-def compiled_unmet(layer: 'KCLALayer', x: Tensor,
+def compiled_unmet(p: KCLAParams, x: Tensor,
                    state: Optional[KCLAState]) -> Optional[str]:
     """The first of :data:`COMPILED_CONDITIONS` that this call does not
     meet, or None where the kernels cover it."""
     for condition, holds in COMPILED_CONDITIONS:
-        if not holds(layer, x, state):
+        if not holds(p, x, state):
             return condition
     return None
 
 
-def compiled_applies(layer: 'KCLALayer', x: Tensor,
+def compiled_applies(p: KCLAParams, x: Tensor,
                      state: Optional[KCLAState]) -> bool:
     """Whether the kernels cover this call: CPU, fp32 or fp64 throughout,
     NCHW, a BatchNorm (not SyncBN, GN, ...) and no autocast, nor tracing
     (:data:`COMPILED_CONDITIONS`)."""
-    return compiled_unmet(layer, x, state) is None
+    return compiled_unmet(p, x, state) is None
 
 
 def uses_batch_stats(norm: _BatchNorm) -> bool:
@@ -201,13 +196,13 @@ class CompiledUpdate(torch.autograd.Function):
     w), as the :class:`StateTape` reads them."""
 
     @staticmethod
-    def forward(ctx, layer: 'KCLALayer', tape: StateTape, step: int,
+    def forward(ctx, p: KCLAParams, tape: StateTape, step: int,
                 keep_prev: bool, x: Tensor, u_prev: Optional[Tensor],
                 w: Tensor, scale: Tensor, mask: Optional[Tensor],
                 kernel: Tensor, gamma: Optional[Tensor],
                 beta: Optional[Tensor],
                 branch_scale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        norm = layer.norm
+        norm = p.norm
         batch_stats = uses_batch_stats(norm)
         with phase('update_branch'):
             out, u, mean, var = extension().branch_forward(
@@ -217,7 +212,7 @@ class CompiledUpdate(torch.autograd.Function):
                 False)
         if batch_stats:
             update_running_stats(norm, mean, var, x.numel() // x.shape[1])
-        ctx.layer, ctx.tape, ctx.step = layer, tape, step
+        ctx.params, ctx.tape, ctx.step = p, tape, step
         ctx.keep_prev, ctx.batch_stats = keep_prev, batch_stats
         tape.record(step, ctx)
         ctx.save_for_backward(x, u_prev if keep_prev else None, w, scale, mask,
@@ -236,7 +231,7 @@ class CompiledUpdate(torch.autograd.Function):
             grads = extension().branch_backward(
                 grad_out.contiguous(), grad_u.contiguous(), x, u_prev, w,
                 scale, kernel, gamma, beta, mean, var, ctx.batch_stats,
-                ctx.layer.norm.eps, branch_scale,
+                ctx.params.norm.eps, branch_scale,
                 None if mask is None else mask.view(-1))
         grad_x, grad_u_prev, grad_w, grad_scale, grad_kernel = grads[:5]
         grad_gamma, grad_beta, grad_branch_scale = grads[5:]
@@ -250,18 +245,17 @@ class CompiledUpdate(torch.autograd.Function):
                 grad_branch_scale if needs[12] else None)
 
 
-def compiled_update(layer: 'KCLALayer', tape: StateTape, step: int,
-                    keep_prev: bool, x: Tensor, u_prev: Optional[Tensor],
-                    w: Tensor, scale: Tensor,
+def compiled_update(p: KCLAParams, tape: StateTape, step: int, keep_prev: bool,
+                    x: Tensor, u_prev: Optional[Tensor], w: Tensor,
+                    scale: Tensor,
                     mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """The update node of :func:`.recomputed_forward`, in the kernels."""
-    return CompiledUpdate.apply(layer, tape, step, keep_prev, x, u_prev, w,
-                                scale, mask, layer.value_conv.weight,
-                                layer.norm.weight, layer.norm.bias,
-                                layer.branch_scale)
+    return CompiledUpdate.apply(p, tape, step, keep_prev, x, u_prev, w, scale,
+                                mask, p.value_weight, p.norm.weight,
+                                p.norm.bias, p.branch_scale)
 
 
-def compiled_forward(layer: 'KCLALayer',
+def compiled_forward(p: KCLAParams,
                      x: Tensor,
                      state: Optional[KCLAState],
                      means: Optional[Tensor] = None,
@@ -275,30 +269,29 @@ def compiled_forward(layer: 'KCLALayer',
     float64, and ``overwrite_x`` let the output be written over ``x`` (the
     state is still not updated in place): both for a caller that made
     ``x`` itself (:mod:`.block_tail`)."""
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(
-        p.requires_grad for p in layer.parameters()))
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad
+                                              or p.requires_grad)
     if needs_grad:
-        return recomputed_forward(layer, x, state, update=compiled_update)
-    if state is not None and layer.renorm:
+        return recomputed_forward(p, x, state, update=compiled_update)
+    if state is not None and p.renorm:
         with phase('renormalise'):
-            state = renormalise_in_forward(layer, state)
+            state = renormalise_in_forward(p, state)
     ext = extension()
     with phase('pooled'):
-        w, z, scale = ext.pooled_forward(x, layer.query_conv.weight,
-                                         layer.key_conv.weight, layer.tau,
-                                         layer.clamp, layer.head_mix.weight,
+        w, z, scale = ext.pooled_forward(x, p.query_weight, p.key_weight,
+                                         p.tau, p.clamp, p.head_mix,
                                          None if state is None else state.z,
                                          STATE_EPS, means)
-    norm = layer.norm
+    norm = p.norm
     batch_stats = uses_batch_stats(norm)
-    mask = drop_path_mask(x, layer.drop_path, layer.training)
+    mask = drop_path_mask(x, p.drop_path, p.training)
     no_grad = not torch.is_grad_enabled()
     out_in_place = overwrite_x and no_grad
     with phase('update_branch'):
         out, u, mean, var = ext.branch_forward(
-            x, None if state is None else state.u, w, scale,
-            layer.value_conv.weight, *norm_args(norm, batch_stats),
-            batch_stats, norm.eps, layer.branch_scale,
+            x, None if state is None else state.u, w, scale, p.value_weight,
+            *norm_args(norm,
+                       batch_stats), batch_stats, norm.eps, p.branch_scale,
             None if mask is None else mask.view(-1), out_in_place, False)
     if batch_stats:
         update_running_stats(norm, mean, var, x.numel() // x.shape[1])

@@ -7,32 +7,29 @@ All implementations compute the function of
 what they cover. The layer keeps the name of the one that ran its last call
 in ``KCLALayer.last_implementation``.
 """
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from torch import Tensor
 
 from .compiled import compiled_applies, compiled_unmet
+from .params import KCLAParams
 from .recompute import replayable
 from .state import KCLAState
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .layer import KCLALayer
 
 #: What ``implementation`` may ask for.
 IMPLEMENTATIONS = ('auto', 'compiled', 'fused', 'reference', 'recompute')
 
-Condition = Callable[['KCLALayer', Tensor, Optional[KCLAState]], bool]
+Condition = Callable[[KCLAParams, Tensor, Optional[KCLAState]], bool]
 
 
-def always(layer: 'KCLALayer', x: Tensor, state: Optional[KCLAState]) -> bool:
+def always(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
     """The condition of a row that always applies."""
     return True
 
 
-def recomputes(layer: 'KCLALayer', x: Tensor,
-               state: Optional[KCLAState]) -> bool:
+def recomputes(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
     """A train step that :func:`.recompute.replayable` covers."""
-    return replayable(layer, x)
+    return replayable(p, x)
 
 
 #: (implementations asked for, condition, what runs): the first row that
@@ -47,23 +44,24 @@ DISPATCH: Tuple[Tuple[Tuple[str, ...], Condition, str], ...] = (
 )
 
 
-def select_implementation(layer: 'KCLALayer', x: Tensor,
+def select_implementation(asked: str, p: KCLAParams, x: Tensor,
                           state: Optional[KCLAState]) -> str:
-    """The implementation that runs ``layer(x, state)``: ``'reference'``,
-    ``'compiled'``, ``'recompute'`` or ``'fused'`` (:data:`DISPATCH`).
+    """The implementation that runs a call ``layer(x, state)`` of a layer
+    whose ``implementation`` is ``asked`` and whose tensors are ``p``:
+    ``'reference'``, ``'compiled'``, ``'recompute'`` or ``'fused'``
+    (:data:`DISPATCH`).
 
     Raises:
         RuntimeError: ``implementation='compiled'`` where the kernels do
             not cover the call; the message names the condition.
     """
-    asked = layer.implementation
     for implementations, condition, runs in DISPATCH:
-        if asked in implementations and condition(layer, x, state):
+        if asked in implementations and condition(p, x, state):
             return runs
     if asked == 'compiled':
         raise RuntimeError(
             "KCLALayer(implementation='compiled') cannot run this call: "
-            f'{compiled_unmet(layer, x, state)} does not hold (input '
+            f'{compiled_unmet(p, x, state)} does not hold (input '
             f'{x.dtype} on {x.device.type}); use '
             "implementation='auto' to fall back to 'fused' there")
     raise ValueError(f'implementation={asked!r} must be one of '

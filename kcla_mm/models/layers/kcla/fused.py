@@ -18,9 +18,9 @@ it (tests/test_kcla_fused.py):
   per-head ``gate / (Z + eps)`` (and, for an eval-mode BN, its affine map)
   folded into the depthwise kernel, which is linear and per channel, so
   that the state is read once instead of three times;
-* :func:`fused_forward`: the whole layer.
+* :func:`fused_forward`: the whole p.
 """
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -34,43 +34,40 @@ from ..attention_branch import (adapt_state, add_branch, bn_affine,
                                 per_sample_weight, pooled_conv, pooled_linear,
                                 scale_branch, scaled_adapt, spatial_mean)
 from ..profiling import phase
+from .params import KCLAParams
 from .state import STATE_EPS, KCLAState
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .layer import KCLALayer
 
-
-def fused_query_key(layer: 'KCLALayer', x: Tensor) -> Tuple[Tensor, Tensor]:
+def fused_query_key(p: KCLAParams, x: Tensor) -> Tuple[Tensor, Tensor]:
     """:meth:`KCLALayer.query_key` in one conv1d, in the pooled vector's
     (at least fp32) dtype (see :func:`.pooled_conv`)."""
     pooled = spatial_mean(x)[:, None]
-    weight = torch.cat([layer.query_conv.weight, layer.key_conv.weight])
+    weight = torch.cat([p.query_weight, p.key_weight])
     with full_precision(x.device.type):
-        qk = F.conv1d(
-            pooled, weight.to(pooled.dtype), padding=layer.query_conv.padding)
-    query, key = qk.view(-1, 2, layer.num_heads, layer.head_dim).unbind(1)
+        qk = F.conv1d(pooled, weight.to(pooled.dtype), padding=p.eca_padding)
+    query, key = qk.view(-1, 2, p.num_heads, p.head_dim).unbind(1)
     return query, key
 
 
 def fused_renormalise(
-        layer: 'KCLALayer',
+        p: KCLAParams,
         state: KCLAState,
         norm: Optional[Callable[[Tensor], Tensor]] = None) -> KCLAState:
     """:meth:`KCLALayer.renormalise` with fewer passes over the state:
     ``U / Z`` as weights of the adapter's matmul where it runs as one
     (:func:`.matmul_adapts`), else a batched outer product, as is the final
-    ``A Z'``; ``norm`` replaces ``layer.state_norm`` (see
+    ``A Z'``; ``norm`` replaces ``p.state_norm`` (see
     :func:`folded_value`)."""
     u, z = state.u, state.z
-    conv = layer.state_adapt
-    if (conv is not None and u.dtype == layer.value_conv.weight.dtype
+    conv = p.state_adapt
+    if (conv is not None and u.dtype == p.value_weight.dtype
             and matmul_adapts(conv, u)):
         a = scaled_adapt(conv, u, channel_reciprocal(z, u.shape[1]))
     else:
         a = head_scaled_add(None, z.reciprocal(), u)
-        a = adapt_state(conv, a.to(layer.value_conv.weight.dtype))
-    a = (layer.state_norm if norm is None else norm)(a)
-    z = renormalised_weights(layer, spatial_mean(a))
+        a = adapt_state(conv, a.to(p.value_weight.dtype))
+    a = (p.state_norm if norm is None else norm)(a)
+    z = renormalised_weights(p, spatial_mean(a))
     return KCLAState(head_scaled_add(None, z, a), z)
 
 
@@ -79,21 +76,21 @@ def channel_reciprocal(z: Tensor, channels: int) -> Tensor:
     return z.reciprocal().repeat_interleave(channels // z.shape[1], dim=1)
 
 
-def folds_renormalise(layer: 'KCLALayer', state: KCLAState) -> bool:
+def folds_renormalise(p: KCLAParams, state: KCLAState) -> bool:
     """Whether :func:`folded_renormalise` covers Algorithm 1 here: no
     autograd, an eval-mode BN, a plain 1x1 conv (or none), an NCHW state in
     the weights' dtype, no autocast and no tracing (FLOP counts and exports
     keep the paper's ops)."""
-    conv = layer.state_adapt
+    conv = p.state_adapt
     return (not torch.is_grad_enabled() and not torch.jit.is_tracing()
-            and is_frozen_bn(layer.state_norm)
+            and is_frozen_bn(p.state_norm)
             and (conv is None or is_plain_pointwise(conv))
-            and state.u.dtype == layer.value_conv.weight.dtype
+            and state.u.dtype == p.value_weight.dtype
             and state.u.is_contiguous()
             and not is_autocast_enabled(state.u.device.type))
 
 
-def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
+def folded_renormalise(p: KCLAParams, state: KCLAState) -> KCLAState:
     """Algorithm 1 in inference (see :func:`folds_renormalise`) as one
     batched matmul over the state.
 
@@ -108,14 +105,14 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
     u, z = state.u, state.z
     n, c_in = u.shape[:2]
     in_scale = channel_reciprocal(z, c_in)
-    bn_scale, bn_shift = bn_affine(layer.state_norm)
-    head_dim = layer.head_dim
-    conv = layer.state_adapt
+    bn_scale, bn_shift = bn_affine(p.state_norm)
+    head_dim = p.head_dim
+    conv = p.state_adapt
 
     if conv is None:  # re-normalisation within a stage: no conv
         scale = in_scale * bn_scale  # (N, C)
         mean = u.mean((2, 3)) * scale + bn_shift
-        z_new = renormalised_weights(layer, mean)
+        z_new = renormalised_weights(p, mean)
         out_scale = z_new.repeat_interleave(head_dim, dim=1)
         return KCLAState(
             torch.addcmul((bn_shift * out_scale)[..., None, None], u,
@@ -127,7 +124,7 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
     weight = per_sample_weight(conv, in_scale) * bn_scale.view(
         1, groups, c_out // groups, 1)
     mean = (weight @ sub.mean(3, keepdim=True)).view(n, c_out) + bn_shift
-    z_new = renormalised_weights(layer, mean)
+    z_new = renormalised_weights(p, mean)
     out_scale = z_new.repeat_interleave(
         head_dim, dim=1).view(n, groups, c_out // groups, 1)
     out = torch.baddbmm(
@@ -138,23 +135,23 @@ def folded_renormalise(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
     return KCLAState(out.view(n, c_out, h, w), z_new)
 
 
-def renormalised_weights(layer: 'KCLALayer', mean: Tensor) -> Tensor:
+def renormalised_weights(p: KCLAParams, mean: Tensor) -> Tensor:
     """Algorithm 1's new per-head weights Z' from the spatial mean (N, C)
     of the adapted, normalised state."""
-    key = pooled_conv(layer.state_key_conv,
-                      mean[:, None]).view(-1, layer.num_heads, layer.head_dim)
-    return layer.layer_weight(torch.linalg.vector_norm(key, dim=2))
+    key = pooled_conv(p.state_key_conv,
+                      mean[:, None]).view(-1, p.num_heads, p.head_dim)
+    return p.layer_weight(torch.linalg.vector_norm(key, dim=2))
 
 
-def renormalise_in_forward(layer: 'KCLALayer', state: KCLAState) -> KCLAState:
+def renormalise_in_forward(p: KCLAParams, state: KCLAState) -> KCLAState:
     """Algorithm 1 as a forward pass runs it: :func:`folded_renormalise`
     where it applies (inference), else :func:`fused_renormalise`."""
-    if folds_renormalise(layer, state):
-        return folded_renormalise(layer, state)
-    return fused_renormalise(layer, state)
+    if folds_renormalise(p, state):
+        return folded_renormalise(p, state)
+    return fused_renormalise(p, state)
 
 
-def folded_value(layer: 'KCLALayer',
+def folded_value(p: KCLAParams,
                  u: Tensor,
                  scale: Tensor,
                  dtype: torch.dtype,
@@ -162,11 +159,11 @@ def folded_value(layer: 'KCLALayer',
     """:meth:`KCLALayer.branch` with ``scale = gate / (Z + eps)``, of
     shape (N, heads), folded into the depthwise kernel (the gate commutes
     with the per-channel conv): ``ReLU(Norm(DWConv(U * scale)))``, reading
-    U once where possible. ``norm`` replaces ``layer.norm`` where it is
+    U once where possible. ``norm`` replaces ``p.norm`` where it is
     applied as a module (the recomputing backward replays it without
     updating running statistics).
     """
-    norm = layer.norm if norm is None else norm
+    norm = p.norm if norm is None else norm
     n, c = u.shape[:2]
     # A channels_last batch cannot merge N and C into one channel axis
     # for the per-sample fold below.
@@ -175,18 +172,19 @@ def folded_value(layer: 'KCLALayer',
         # The raw state may exceed the fp16 range: scale it first (the
         # scaled state is a convex mix of the block outputs).
         v = head_scaled_add(None, scale, u).to(dtype)
-        return F.relu(norm(layer.value_conv(v)), inplace=True)
+        v = F.conv2d(v, p.value_weight, padding=1, groups=c)
+        return F.relu(norm(v), inplace=True)
 
     # Per-sample, per-channel scale folded into a depthwise kernel of
     # N * C groups: (N, heads, head_dim, 3, 3).
-    kernel = layer.split_heads(layer.value_conv.weight.view(1, c, 3, 3))
+    kernel = p.split_heads(p.value_weight.view(1, c, 3, 3))
     kernel = kernel * scale[..., None, None, None]
     bias = None
-    fold_norm = is_frozen_bn(layer.norm)
+    fold_norm = is_frozen_bn(p.norm)
     if fold_norm:
         # Eval-mode BN is a per-channel affine map: fold it in too.
-        bn_scale, bias = bn_affine(layer.norm)
-        kernel = kernel * layer.split_heads(bn_scale.view(1, c, 1, 1))
+        bn_scale, bias = bn_affine(p.norm)
+        kernel = kernel * p.split_heads(bn_scale.view(1, c, 1, 1))
         bias = bias.repeat(n) if n > 1 else bias
     v = F.conv2d(
         # At n = 1 the view would give a channels_last u an ambiguous
@@ -204,26 +202,26 @@ def folded_value(layer: 'KCLALayer',
     return F.relu(norm(v.view_as(u)), inplace=True)
 
 
-def gate_and_weight(layer: 'KCLALayer', query: Tensor,
+def gate_and_weight(p: KCLAParams, query: Tensor,
                     key: Tensor) -> Tuple[Tensor, Tensor]:
     """:meth:`KCLALayer.gate` and :meth:`KCLALayer.layer_weight` of one
     block, each (N, heads), sharing ||K||."""
     k_norm = torch.linalg.vector_norm(key, dim=2)
-    w = layer.layer_weight(k_norm)
+    w = p.layer_weight(k_norm)
     # ||Q|| cos(theta) = <Q, K> / ||K||, with the norm computed once.
     q_cos = torch.linalg.vecdot(query, key) / k_norm.clamp_min(1e-12)
-    gate = torch.sigmoid(pooled_linear(q_cos, layer.head_mix.weight))
+    gate = torch.sigmoid(pooled_linear(q_cos, p.head_mix))
     return gate, w
 
 
-def fused_forward(layer: 'KCLALayer', x: Tensor,
+def fused_forward(p: KCLAParams, x: Tensor,
                   state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:
     """:meth:`KCLALayer.forward_reference`, fused."""
-    if state is not None and layer.renorm:
+    if state is not None and p.renorm:
         with phase('renormalise'):
-            state = renormalise_in_forward(layer, state)
+            state = renormalise_in_forward(p, state)
     with phase('pooled'):
-        gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
+        gate, w = gate_and_weight(p, *fused_query_key(p, x))
     with phase('state_update'):
         if state is None:
             u, z = head_scaled_add(None, w, x), w
@@ -231,8 +229,8 @@ def fused_forward(layer: 'KCLALayer', x: Tensor,
             u, z = head_scaled_add(state.u, w, x), state.z + w
     with phase('branch'):
         out = scale_branch(
-            folded_value(layer, u, gate / (z + STATE_EPS), x.dtype),
-            layer.branch_scale)
+            folded_value(p, u, gate / (z + STATE_EPS), x.dtype),
+            p.branch_scale)
     with phase('residual'):
-        x = add_branch(x, out, layer.drop_path, layer.training)
+        x = add_branch(x, out, p.drop_path, p.training)
     return x, KCLAState(u, z)

@@ -35,8 +35,16 @@ from .block_tail import fused_block_and_kcla
 from .compiled import compiled_forward, extension, require_extension
 from .dispatch import IMPLEMENTATIONS, select_implementation
 from .fused import fused_forward
+from .params import KCLAParams
 from .recompute import recomputed_forward
 from .state import STATE_EPS, KCLAState
+
+#: The fast implementations' forward functions, by name.
+IMPLEMENTATION_FORWARDS = {
+    'compiled': compiled_forward,
+    'fused': fused_forward,
+    'recompute': recomputed_forward,
+}
 
 
 def head_temperatures(num_heads: int,
@@ -197,6 +205,33 @@ class KCLALayer(BaseModule):
             self.implementation in ('auto', 'compiled')
             and extension() is not None)
 
+    def params(self) -> KCLAParams:
+        """What the fast implementations read, as they read it now
+        (:class:`.KCLAParams`)."""
+        renorm = self.renorm
+        return KCLAParams(
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            query_weight=self.query_conv.weight,
+            key_weight=self.key_conv.weight,
+            eca_padding=self.query_conv.padding[0],
+            head_mix=self.head_mix.weight,
+            tau=self.tau,
+            clamp=self.clamp,
+            value_weight=self.value_conv.weight,
+            norm=self.norm,
+            branch_scale=self.branch_scale,
+            drop_path=self.drop_path,
+            training=self.training,
+            renorm=renorm,
+            state_adapt=self.state_adapt if renorm else None,
+            state_norm=self.state_norm if renorm else None,
+            state_key_conv=self.state_key_conv if renorm else None,
+            # Asked only where a gradient can be taken at all: a walk over
+            # the parameters is not free at batch 1.
+            requires_grad=torch.is_grad_enabled()
+            and any(p.requires_grad for p in self.parameters()))
+
     def split_heads(self, t: Tensor) -> Tensor:
         """(N, C, ...) -> (N, heads, head_dim, ...), a view."""
         return t.view(t.shape[0], self.num_heads, self.head_dim, *t.shape[2:])
@@ -297,12 +332,10 @@ class KCLALayer(BaseModule):
             state (KCLAState, optional): (U^{t-1}, Z^{t-1}); None at the
                 network's first block.
         """
-        implementation = select_implementation(self, x, state)
+        params = self.params()
+        implementation = select_implementation(self.implementation, params, x,
+                                               state)
         self.last_implementation = implementation
         if implementation == 'reference':
             return self.forward_reference(x, state)
-        if implementation == 'compiled':
-            return compiled_forward(self, x, state)
-        if implementation == 'recompute':
-            return recomputed_forward(self, x, state)
-        return fused_forward(self, x, state)
+        return IMPLEMENTATION_FORWARDS[implementation](params, x, state)

@@ -23,8 +23,7 @@ Tested against the reference in tests/test_kcla_fused.py (one layer) and
 tests/test_kcla_recompute.py (whole backbones).
 """
 import weakref
-from typing import (TYPE_CHECKING, Callable, Dict, List, Optional, Sequence,
-                    Tuple)
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -35,24 +34,22 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ....torch_compat import is_autocast_enabled
 from ..attention_branch import (drop_path_mask, head_scaled_add,
                                 masked_residual_add, scale_branch)
+from ..profiling import phase
 from .fused import (folded_value, fused_forward, fused_query_key,
                     fused_renormalise, gate_and_weight)
-from ..profiling import phase
+from .params import KCLAParams
 from .state import STATE_EPS, KCLAState
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .layer import KCLALayer
 
-
-def replayable(layer: 'KCLALayer', x: Tensor) -> bool:
+def replayable(p: KCLAParams, x: Tensor) -> bool:
     """Whether :func:`recomputed_forward` applies: a train step (something
     to differentiate), no autocast, and a norm that can be replayed
     locally."""
     if not torch.is_grad_enabled() or is_autocast_enabled(x.device.type):
         return False
-    if isinstance(layer.norm, nn.SyncBatchNorm):
+    if isinstance(p.norm, nn.SyncBatchNorm):
         return False
-    return x.requires_grad or any(p.requires_grad for p in layer.parameters())
+    return x.requires_grad or p.requires_grad
 
 
 def replay_norm(norm: nn.Module) -> Callable[[Tensor], Tensor]:
@@ -64,16 +61,7 @@ def replay_norm(norm: nn.Module) -> Callable[[Tensor], Tensor]:
     return norm
 
 
-def branch_parameters(layer: 'KCLALayer') -> List[nn.Parameter]:
-    """The parameters that :func:`update_and_branch` reads."""
-    params = [
-        layer.value_conv.weight, layer.norm.weight, layer.norm.bias,
-        layer.branch_scale
-    ]
-    return [p for p in params if p is not None]
-
-
-def update_and_branch(layer: 'KCLALayer', x: Tensor, u_prev: Optional[Tensor],
+def update_and_branch(p: KCLAParams, x: Tensor, u_prev: Optional[Tensor],
                       w: Tensor, scale: Tensor, mask: Optional[Tensor],
                       replay: bool) -> Tuple[Tensor, Tensor]:
     """``U^t = U^{t-1} + w X^t`` and ``X^t + mask * branch(U^t)``, the part
@@ -81,10 +69,10 @@ def update_and_branch(layer: 'KCLALayer', x: Tensor, u_prev: Optional[Tensor],
     ``gate / (Z^t + eps)``."""
     with phase('state_update'):
         u = head_scaled_add(u_prev, w, x)
-    norm = replay_norm(layer.norm) if replay else None
+    norm = replay_norm(p.norm) if replay else None
     with phase('branch'):
-        out = folded_value(layer, u, scale, x.dtype, norm=norm)
-        out = scale_branch(out, layer.branch_scale)
+        out = folded_value(p, u, scale, x.dtype, norm=norm)
+        out = scale_branch(out, p.branch_scale)
     with phase('residual'):
         return masked_residual_add(x, out, mask), u
 
@@ -147,17 +135,17 @@ class RecomputedUpdate(torch.autograd.Function):
     U^{t-1}."""
 
     @staticmethod
-    def forward(ctx, layer: 'KCLALayer', tape: StateTape, step: int,
+    def forward(ctx, p: KCLAParams, tape: StateTape, step: int,
                 keep_prev: bool, x: Tensor, u_prev: Optional[Tensor],
                 w: Tensor, scale: Tensor, mask: Optional[Tensor], *params:
                 nn.Parameter) -> Tuple[Tensor, Tensor]:
-        ctx.layer, ctx.tape, ctx.step = layer, tape, step
+        ctx.params, ctx.tape, ctx.step = p, tape, step
         ctx.keep_prev = keep_prev
         ctx.set_materialize_grads(False)
         tape.record(step, ctx)
         ctx.save_for_backward(x, u_prev if keep_prev else None, w, scale, mask,
                               *params)
-        return update_and_branch(layer, x, u_prev, w, scale, mask, False)
+        return update_and_branch(p, x, u_prev, w, scale, mask, False)
 
     @staticmethod
     def backward(ctx, grad_x: Optional[Tensor], grad_u: Optional[Tensor]):
@@ -173,7 +161,7 @@ class RecomputedUpdate(torch.autograd.Function):
             for t, need in zip((x, u_prev, w, scale), needs[4:8])
         ]
         with torch.enable_grad():
-            outputs = update_and_branch(ctx.layer, *inputs, mask, True)
+            outputs = update_and_branch(ctx.params, *inputs, mask, True)
         with phase('backward'):
             grads = grads_of(outputs, (grad_x, grad_u), inputs + params)
         return (None, None, None, None, *grads[:4], None, *grads[4:])
@@ -186,14 +174,14 @@ class RecomputedRenorm(torch.autograd.Function):
     U)."""
 
     @staticmethod
-    def forward(ctx, layer: 'KCLALayer',
-                source: Optional[Tuple[StateTape, int]], u: Tensor, z: Tensor,
-                *params: nn.Parameter) -> Tuple[Tensor, Tensor]:
-        ctx.layer, ctx.source = layer, source
+    def forward(ctx, p: KCLAParams, source: Optional[Tuple[StateTape,
+                                                           int]], u: Tensor,
+                z: Tensor, *params: nn.Parameter) -> Tuple[Tensor, Tensor]:
+        ctx.params, ctx.source = p, source
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(None if source else u, z, *params)
         with phase('renormalise'):
-            return tuple(fused_renormalise(layer, KCLAState(u, z))[:2])
+            return tuple(fused_renormalise(p, KCLAState(u, z)))
 
     @staticmethod
     def incoming_state(ctx, keep: bool) -> KCLAState:
@@ -216,8 +204,8 @@ class RecomputedRenorm(torch.autograd.Function):
                     ctx.needs_input_grad[2:4])
             ]
             with torch.enable_grad(), phase('renormalise'):
-                outputs = fused_renormalise(ctx.layer, KCLAState(*inputs),
-                                            replay_norm(ctx.layer.state_norm))
+                outputs = fused_renormalise(ctx.params, KCLAState(*inputs),
+                                            replay_norm(ctx.params.state_norm))
             ctx.replayed = (inputs, outputs)
         return ctx.replayed
 
@@ -260,27 +248,21 @@ def grads_of(outputs: Sequence[Tensor],
     ]
 
 
-def renorm_parameters(layer: 'KCLALayer') -> List[nn.Parameter]:
-    """The parameters that :func:`.fused_renormalise` reads."""
-    modules = (layer.state_adapt, layer.state_norm, layer.state_key_conv)
-    return [p for m in modules if m is not None for p in m.parameters()]
-
-
-def recomputed_update(layer: 'KCLALayer', tape: StateTape, step: int,
+def recomputed_update(p: KCLAParams, tape: StateTape, step: int,
                       keep_prev: bool, x: Tensor, u_prev: Optional[Tensor],
                       w: Tensor, scale: Tensor,
                       mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """The :class:`RecomputedUpdate` node of one layer."""
-    return RecomputedUpdate.apply(layer, tape, step, keep_prev, x, u_prev, w,
-                                  scale, mask, *branch_parameters(layer))
+    """The :class:`RecomputedUpdate` node of one p."""
+    return RecomputedUpdate.apply(p, tape, step, keep_prev, x, u_prev, w,
+                                  scale, mask, *p.branch_parameters())
 
 
-# update(layer, tape, step, keep_prev, x, u_prev, w, scale, mask) -> (x, u)
+# update(p, tape, step, keep_prev, x, u_prev, w, scale, mask) -> (x, u)
 UpdateNode = Callable[..., Tuple[Tensor, Tensor]]
 
 
 def recomputed_forward(
-        layer: 'KCLALayer',
+        p: KCLAParams,
         x: Tensor,
         state: Optional[KCLAState],
         update: UpdateNode = recomputed_update) -> Tuple[Tensor, KCLAState]:
@@ -289,16 +271,16 @@ def recomputed_forward(
     the compiled kernels' node), and Algorithm 1 in a
     :class:`RecomputedRenorm` node; falls back to the fused path where
     :func:`replayable` says no."""
-    if not replayable(layer, x):
-        return fused_forward(layer, x, state)
+    if not replayable(p, x):
+        return fused_forward(p, x, state)
     # A start that nothing else can recompute (a state from a fused layer,
     # or re-normalised without autograd): the first node keeps it.
     tape, step = StateTape(None), 1
     if state is None:
         tape = StateTape(lambda: None)
-    elif layer.renorm:
-        u, z = RecomputedRenorm.apply(layer, tape_position(state), state.u,
-                                      state.z, *renorm_parameters(layer))
+    elif p.renorm:
+        u, z = RecomputedRenorm.apply(p, tape_position(state), state.u,
+                                      state.z, *p.renorm_parameters())
         if u.requires_grad:  # u.grad_fn is the node
             tape = StateTape(renormalised_start(u.grad_fn))
         state = KCLAState(u, z)
@@ -307,10 +289,10 @@ def recomputed_forward(
         step += 1
     keep_prev = step == 1 and tape.start is None
     with phase('pooled'):
-        gate, w = gate_and_weight(layer, *fused_query_key(layer, x))
+        gate, w = gate_and_weight(p, *fused_query_key(p, x))
     z = w if state is None else state.z + w
-    mask = drop_path_mask(x, layer.drop_path, layer.training)
-    x, u = update(layer, tape, step, keep_prev, x,
+    mask = drop_path_mask(x, p.drop_path, p.training)
+    x, u = update(p, tape, step, keep_prev, x,
                   None if state is None else state.u, w,
                   gate / (z + STATE_EPS), mask)
     # The next layer finds the tape through the state it receives.

@@ -1,15 +1,22 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 """The recurrent state that KCLA carries from block to block."""
-from typing import Any, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Optional, Tuple
 
 from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .recompute import StateTape
 
 # The official model adds this to Z before normalising the state.
 STATE_EPS = 1e-3
 
 
-class KCLAState(NamedTuple):
+@dataclass(frozen=True, eq=False)
+class KCLAState:
     """Recurrent state carried from block to block.
+
+    It unpacks as the pair of the paper, ``u, z = state``.
 
     Attributes:
         u (Tensor): Weighted sum of the block outputs seen so far, U^t, of
@@ -20,8 +27,11 @@ class KCLAState(NamedTuple):
         tape (tuple, optional): ``(StateTape, step)`` where a recomputing
             train step (``'recompute'``, ``'compiled'``) made ``u``: what
             the next layer's backward pass recomputes ``u`` from instead of
-            keeping it (:class:`.recompute.StateTape`). None elsewhere.
+            keeping it (:class:`.recompute.StateTape`); None elsewhere.
     """
     u: Tensor
     z: Tensor
-    tape: Optional[Any] = None
+    tape: Optional[Tuple['StateTape', int]] = None
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter((self.u, self.z))

@@ -1,0 +1,85 @@
+# Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
+"""What the fast implementations of :class:`~.KCLALayer` read: one typed
+bundle, :class:`KCLAParams`, made by :meth:`KCLALayer.params` for each
+call, instead of the module's attributes.
+
+An implementation sees exactly these tensors, modules and settings, and an
+autograd node that recomputes in backward keeps the bundle of its forward
+pass, so the replay reads the tensors that the forward pass read.
+"""
+from typing import Iterator, NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+
+class KCLAParams(NamedTuple):
+    """The tensors and settings of one :class:`~.KCLALayer` call.
+
+    Attributes:
+        num_heads (int): Heads of the layer.
+        head_dim (int): Channels per head.
+        query_weight (Tensor): Kernel of the ECA conv1d for Q, (1, 1, k).
+        key_weight (Tensor): Kernel of the ECA conv1d for K, (1, 1, k).
+        eca_padding (int): Padding of the ECA conv1ds (``k // 2``).
+        head_mix (Tensor): Phi, the (heads, heads) map over heads.
+        tau (Tensor): Per-head temperatures, (heads,).
+        clamp (float): Upper bound of ||K|| / tau before ``exp``.
+        value_weight (Tensor): The depthwise 3x3 kernel, (C, 1, 3, 3).
+        norm (nn.Module): The branch's norm, applied as a module (its
+            running statistics, its hooks).
+        branch_scale (Tensor, optional): Per-channel scale of the branch
+            (``zero_init_branch``), else None.
+        drop_path (float): Drop-path rate of the branch.
+        training (bool): The layer's mode.
+        renorm (bool): Whether the layer runs Algorithm 1 on its incoming
+            state.
+        state_adapt (nn.Module, optional): Algorithm 1's adapter (a
+            head-grouped strided 1x1 conv) where width or size changes.
+        state_norm (nn.Module, optional): Algorithm 1's norm.
+        state_key_conv (nn.Module, optional): Algorithm 1's ECA conv1d.
+        requires_grad (bool): Whether autograd is on and some parameter of
+            the layer requires a gradient.
+    """
+    num_heads: int
+    head_dim: int
+    query_weight: Tensor
+    key_weight: Tensor
+    eca_padding: int
+    head_mix: Tensor
+    tau: Tensor
+    clamp: float
+    value_weight: Tensor
+    norm: nn.Module
+    branch_scale: Optional[Tensor]
+    drop_path: float
+    training: bool
+    renorm: bool
+    state_adapt: Optional[nn.Module]
+    state_norm: Optional[nn.Module]
+    state_key_conv: Optional[nn.Module]
+    requires_grad: bool
+
+    def split_heads(self, t: Tensor) -> Tensor:
+        """(N, C, ...) -> (N, heads, head_dim, ...), a view."""
+        return t.view(t.shape[0], self.num_heads, self.head_dim, *t.shape[2:])
+
+    def layer_weight(self, key_norm: Tensor) -> Tensor:
+        """w_h = exp(min(||K_h|| / tau_h, clamp)) from ``key_norm`` =
+        ||K_h||, of shape (N, heads)."""
+        return torch.exp(torch.clamp(key_norm / self.tau, max=self.clamp))
+
+    def renorm_parameters(self) -> Iterator[nn.Parameter]:
+        """The parameters that Algorithm 1 reads."""
+        for module in (self.state_adapt, self.state_norm, self.state_key_conv):
+            if module is not None:
+                yield from module.parameters()
+
+    def branch_parameters(self) -> Iterator[Tensor]:
+        """The parameters that the state update and the branch read (the
+        depthwise kernel, the norm's affine weights, the branch scale)."""
+        for t in (self.value_weight, getattr(self.norm, 'weight', None),
+                  getattr(self.norm, 'bias', None), self.branch_scale):
+            if t is not None:
+                yield t

@@ -13,7 +13,7 @@ PRETRAIN_CONFIG := configs/kcla/demo/kcla-r18_1xb32_synthetic-imagenet.py
 PRETRAIN_DATA := data/synthetic_imagenet
 PRETRAIN_WORK := work_dirs/demo_pretrain
 
-.PHONY: setup setup-compat demo demo-pretrain test test-quick test-no-extension test-compat lint bench backbone-summary
+.PHONY: setup setup-compat demo demo-pretrain test test-quick test-no-extension test-compat test-gpu lint bench backbone-summary
 
 setup:
 	bash scripts/setup_venv.sh main
@@ -63,6 +63,12 @@ test-no-extension: setup
 
 test-compat: setup-compat
 	$(PY_COMPAT) -m pytest tests -q
+
+# The GPU lane: only the tests marked cuda (tests/test_cuda.py), on a
+# machine with CUDA; without it they skip, naming the reason (-rs).
+# `make test` collects them too (they skip there on a CPU machine).
+test-gpu: setup
+	$(PY) -m pytest tests -q -m cuda -rs
 
 # flake8, isort and yapf with the OpenMMLab settings of setup.cfg (the
 # checks of .pre-commit-config.yaml). `isort` and `yapf -i -r` fix in place.

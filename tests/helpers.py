@@ -5,11 +5,15 @@ import os.path as osp
 import socket
 import subprocess
 from types import ModuleType
+from typing import List
 
 import pytest
 import torch
+from torch import Tensor
 
-from kcla_mm.models.layers import KCLAState
+from kcla_mm.models import KCLAResNet
+from kcla_mm.models.layers import KCLALayer, KCLAState
+from official_reference import randomise_
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -86,6 +90,111 @@ def incoming_state(case: str, n: int):
     return KCLAState(
         torch.rand(n, c_in, *size) * 5,
         torch.rand(n, c_in // 64) + 0.5)
+
+
+NORMS = {'BN': dict(type='BN'), 'GN': dict(type='GN', num_groups=4)}
+
+
+def make_case(case, n=3, norm='BN', drop_path=0., zero_init_branch=False):
+    """A randomised layer, its input and its incoming state.
+
+    'adapt' changes width 128 -> 256 and size 17x13 -> 9x7 (Algorithm 1
+    with a conv); 'renorm' re-normalises without one; 'first' has no state.
+    """
+    kwargs = dict(state_channels=128, state_stride=2) \
+        if case == 'adapt' else {}
+    layer = randomise_(
+        KCLALayer(
+            256,
+            renorm=case in ('adapt', 'renorm'),
+            norm_cfg=NORMS[norm],
+            drop_path=drop_path,
+            zero_init_branch=zero_init_branch,
+            **kwargs))
+    x = torch.rand(n, 256, 9, 7)
+    state = incoming_state(case, n)
+    return layer, x, state
+
+
+def gradients(outputs, inputs, grad_outputs):
+    """d(outputs . grad_outputs) / d(inputs); zeros for unused inputs."""
+    grads = torch.autograd.grad(
+        outputs, inputs, grad_outputs, allow_unused=True)
+    return [
+        torch.zeros_like(i) if g is None else g for i, g in zip(inputs, grads)
+    ]
+
+
+def assert_same_values_and_gradients(ours,
+                                     refs,
+                                     inputs,
+                                     layer,
+                                     tol: float = 1e-12,
+                                     grad_tol: float = 1e-8):
+    """Outputs within ``tol`` and the gradients with respect to ``inputs``
+    and every parameter of ``layer`` within ``grad_tol`` (of the largest
+    entry); the defaults are float64's."""
+    for a, b in zip(ours, refs):
+        assert_close_to_max(a, b, tol)
+    grads = [torch.randn_like(t) for t in refs]
+    params = list(inputs) + list(layer.parameters())
+    for a, b in zip(
+            gradients(ours, params, grads), gradients(refs, params, grads)):
+        assert_close_to_max(a, b, grad_tol)
+
+
+def pair(depth, drop_path=0.3, implementation='recompute', **kwargs):
+    """Randomised reference and ``implementation`` backbones with equal
+    weights."""
+    common = dict(
+        depth=depth,
+        base_channels=8,
+        head_dim=8,
+        kcla_drop_path=drop_path,
+        **kwargs)
+    reference = randomise_(
+        KCLAResNet(kcla_implementation='reference', **common))
+    ours = KCLAResNet(kcla_implementation=implementation, **common)
+    ours.load_state_dict(reference.state_dict())
+    return reference, ours
+
+
+def train_step(model, x, grad_outputs, seed=3):
+    """Outputs, and gradients of (x, *parameters), of one train step
+    (``backward()``: mmdet's with_cp blocks use a reentrant checkpoint,
+    which ``autograd.grad`` cannot go through)."""
+    model.train()
+    model.zero_grad()
+    x.grad = None
+    torch.manual_seed(seed)  # the same drop-path masks for both models
+    outs = model(x)
+    sum((o * g).sum() for o, g in zip(outs, grad_outputs)).backward()
+    params = [x] + [p for p in model.parameters() if p.requires_grad]
+    return outs, [p.grad for p in params]
+
+
+# fp16/bf16 against fp32, relative to the largest output of the fp32 run:
+# about ten roundings of the format (eps 9.8e-4 and 7.8e-3). Measured (CPU,
+# tests/test_half_precision.py): below 2e-3 and 1.3e-2.
+HALF_TOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def assert_finite_and_close(outputs, expected, dtype: torch.dtype) -> None:
+    for out, ref in zip(outputs, expected):
+        assert torch.isfinite(out).all(), 'non-finite output'
+        assert_close_to_max(out.float(), ref.float(), HALF_TOL[dtype])
+
+
+def assert_finite_grads(model: torch.nn.Module, inputs: List[Tensor]) -> None:
+    grads = [t.grad for t in inputs]
+    grads += [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g is not None for g in grads)
+    assert all(torch.isfinite(g).all() for g in grads), 'non-finite gradient'
+
+
+def squares(outputs) -> Tensor:
+    """A loss over every output, in fp32."""
+    return sum(o.float().square().mean() for o in outputs)
 
 
 def free_port() -> int:

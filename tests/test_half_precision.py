@@ -23,7 +23,8 @@ import kcla_mm  # noqa: F401 (registers the backbones)
 from kcla_mm.models.layers import KCLALayer, LALayer, MRLALightLayer
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
 from kcla_mm.torch_compat import is_autocast_enabled
-from helpers import assert_close_to_max
+from helpers import (assert_close_to_max, assert_finite_and_close,
+                     assert_finite_grads, squares)
 from official_reference import randomise_
 
 FP16_MAX = torch.finfo(torch.float16).max
@@ -37,10 +38,6 @@ PRECISIONS = {
     'bf16-autocast': (torch.bfloat16, True),
     'fp16-weights': (torch.float16, False),
 }
-# Relative to the largest output of the fp32 run: about ten roundings of
-# the format (eps 9.8e-4 and 7.8e-3). Measured: below 2e-3 and 1.3e-2.
-TOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
-
 # A white image after mmdet's default normalisation: the constant input
 # on which the issue found NaN in every stage of all three backbones.
 WHITE = [
@@ -103,24 +100,6 @@ def run_in(precision: str, model: torch.nn.Module, fn: Callable, *inputs:
     with torch.autocast('cpu', dtype=dtype, enabled=autocast):
         outputs = fn(model, *inputs)
     return model, inputs, outputs
-
-
-def assert_finite_and_close(outputs, expected, dtype: torch.dtype) -> None:
-    for out, ref in zip(outputs, expected):
-        assert torch.isfinite(out).all(), 'non-finite output'
-        assert_close_to_max(out.float(), ref.float(), TOL[dtype])
-
-
-def assert_finite_grads(model: torch.nn.Module, inputs: List[Tensor]) -> None:
-    grads = [t.grad for t in inputs]
-    grads += [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(g is not None for g in grads)
-    assert all(torch.isfinite(g).all() for g in grads), 'non-finite gradient'
-
-
-def squares(outputs) -> Tensor:
-    """A loss over every output, in fp32."""
-    return sum(o.float().square().mean() for o in outputs)
 
 
 @pytest.mark.parametrize('mode', ['eval', 'train'])

@@ -20,7 +20,8 @@ from kcla_mm.models.layers.kcla.fused import (folded_renormalise, folded_value,
                                               fused_query_key,
                                               fused_renormalise)
 from kcla_mm.models.layers.kcla.recompute import recomputed_forward
-from helpers import assert_close_to_max, incoming_state
+from helpers import (assert_close_to_max, assert_same_values_and_gradients,
+                     make_case)
 from official_reference import randomise_
 
 CASES = ['first', 'carry', 'adapt', 'renorm']
@@ -52,50 +53,6 @@ FORMATS = {
     'contiguous': torch.contiguous_format,
     'channels_last': torch.channels_last
 }
-NORMS = {'BN': dict(type='BN'), 'GN': dict(type='GN', num_groups=4)}
-
-
-def make_case(case, n=3, norm='BN', drop_path=0., zero_init_branch=False):
-    """A randomised layer, its input and its incoming state.
-
-    'adapt' changes width 128 -> 256 and size 17x13 -> 9x7 (Algorithm 1
-    with a conv); 'renorm' re-normalises without one; 'first' has no state.
-    """
-    kwargs = dict(state_channels=128, state_stride=2) \
-        if case == 'adapt' else {}
-    layer = randomise_(
-        KCLALayer(
-            256,
-            renorm=case in ('adapt', 'renorm'),
-            norm_cfg=NORMS[norm],
-            drop_path=drop_path,
-            zero_init_branch=zero_init_branch,
-            **kwargs))
-    x = torch.rand(n, 256, 9, 7)
-    state = incoming_state(case, n)
-    return layer, x, state
-
-
-def gradients(outputs, inputs, grad_outputs):
-    """d(outputs . grad_outputs) / d(inputs); zeros for unused inputs."""
-    grads = torch.autograd.grad(
-        outputs, inputs, grad_outputs, allow_unused=True)
-    return [
-        torch.zeros_like(i) if g is None else g for i, g in zip(inputs, grads)
-    ]
-
-
-def assert_same_values_and_gradients(ours, refs, inputs, layer):
-    """float64 outputs within 1e-12 and the gradients with respect to
-    ``inputs`` and every parameter of ``layer`` within 1e-8 (of the
-    largest entry)."""
-    for a, b in zip(ours, refs):
-        assert_close_to_max(a, b, 1e-12)
-    grads = [torch.randn_like(t) for t in refs]
-    params = list(inputs) + list(layer.parameters())
-    for a, b in zip(
-            gradients(ours, params, grads), gradients(refs, params, grads)):
-        assert_close_to_max(a, b, 1e-8)
 
 
 def test_fused_query_key(float64):

@@ -11,8 +11,7 @@ from mmdet.models.backbones import ResNet
 from kcla_mm.analysis.complexity import saved_activation_bytes
 from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers.kcla.compiled import extension
-from helpers import assert_close_to_max
-from official_reference import randomise_
+from helpers import assert_close_to_max, pair, train_step
 
 FORMATS = {
     'contiguous': torch.contiguous_format,
@@ -40,36 +39,6 @@ LEAN = [
             reason='the compiled kernels are not built or '
             'KCLA_MM_NO_EXTENSION is set'))
 ]
-
-
-def pair(depth, drop_path=0.3, implementation='recompute', **kwargs):
-    """Randomised reference and ``implementation`` backbones with equal
-    weights."""
-    common = dict(
-        depth=depth,
-        base_channels=8,
-        head_dim=8,
-        kcla_drop_path=drop_path,
-        **kwargs)
-    reference = randomise_(
-        KCLAResNet(kcla_implementation='reference', **common))
-    ours = KCLAResNet(kcla_implementation=implementation, **common)
-    ours.load_state_dict(reference.state_dict())
-    return reference, ours
-
-
-def train_step(model, x, grad_outputs, seed=3):
-    """Outputs, and gradients of (x, *parameters), of one train step
-    (``backward()``: mmdet's with_cp blocks use a reentrant checkpoint,
-    which ``autograd.grad`` cannot go through)."""
-    model.train()
-    model.zero_grad()
-    x.grad = None
-    torch.manual_seed(seed)  # the same drop-path masks for both models
-    outs = model(x)
-    sum((o * g).sum() for o, g in zip(outs, grad_outputs)).backward()
-    params = [x] + [p for p in model.parameters() if p.requires_grad]
-    return outs, [p.grad for p in params]
 
 
 @pytest.mark.parametrize('memory_format', ['contiguous', 'channels_last'])

@@ -241,12 +241,24 @@ def _status_kib(field: str) -> int:
     raise KeyError(field)
 
 
+def reset_peak_rss() -> int:
+    """Resets this process's RSS high-water mark (VmHWM) to its resident
+    set and returns that, in bytes (Linux; OSError elsewhere)."""
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')
+    return _status_kib('VmRSS') * 1024
+
+
+def peak_rss() -> int:
+    """This process's RSS high-water mark (VmHWM) in bytes."""
+    return _status_kib('VmHWM') * 1024
+
+
 def can_measure_peak_rss() -> bool:
     """Whether this process can reset its RSS high-water mark."""
     try:
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')
-        _status_kib('VmHWM')
+        reset_peak_rss()
+        peak_rss()
         return True
     except (OSError, KeyError):
         return False
@@ -281,16 +293,14 @@ def measure_one(name: str,
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     elif peak:
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')
-        before = _status_kib('VmRSS') * 1024
+        before = reset_peak_rss()
     activation = saved_activation_bytes(model, x)
     growth = None
     if cuda:
         torch.cuda.synchronize()
         growth = torch.cuda.max_memory_allocated() - before
     elif peak:
-        growth = _status_kib('VmHWM') * 1024 - before
+        growth = peak_rss() - before
     return dict(activation=activation, peak_growth=growth)
 
 

@@ -115,6 +115,18 @@ def test_benchmark_backbone_rejects_bad_options(benchmark_tool, capsys, argv,
     assert message in capsys.readouterr().err
 
 
+def test_benchmark_backbone_quick_eval_table(benchmark_tool, capsys):
+    """The quick suite's run of the tool: one eval row, one column."""
+    benchmark_tool.main([*TINY, '--modes', 'eval', '--no-memory'])
+    table = benchmark_tables(capsys.readouterr().out)[('imagenet', 1)]
+    assert table['columns'] == ['ResNet-18', 'KCLA', 'auto']
+    assert set(table) == {'columns', 'eval forward'}
+    assert table['eval forward'][1][0] > 0
+
+
+# The tests below run at tiny sizes, but the memory rows start a process per
+# model and the sections multiply: 50-100 s each on the shared 2-core VM.
+@pytest.mark.slow
 def test_benchmark_backbone_prints_a_table_per_setting_and_thread_count(
         benchmark_tool, capsys):
     """Every (setting, threads) section with its timing rows and one
@@ -137,6 +149,7 @@ def test_benchmark_backbone_prints_a_table_per_setting_and_thread_count(
             assert len(ratios) == 2 and all(r > 0 for r in ratios), table
 
 
+@pytest.mark.slow
 def test_benchmark_backbone_memory_rows(benchmark_tool, capsys):
     """Activation memory and peak growth beside each other, each model in
     a fresh process: the peak includes the saved activations."""
@@ -190,6 +203,7 @@ def resnet18_kcla():
 """
 
 
+@pytest.mark.slow
 def test_benchmark_backbone_adds_the_official_file(tmp_path, benchmark_tool,
                                                    capsys):
     """``--official FILE`` builds ``resnet<depth>_kcla()`` from the user's

@@ -12,6 +12,8 @@ import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 
+from kcla_mm.analysis.benchmark import (can_measure_peak_rss, peak_rss,
+                                        reset_peak_rss)
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
 from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
@@ -19,7 +21,7 @@ from kcla_mm.analysis.phase_profile import PHASES, timed_phases
 from kcla_mm.models import KCLAResNet, MRLALightResNet
 from kcla_mm.models.layers.profiling import phase
 from kcla_mm.torch_compat import has_mem_tracker
-from helpers import ROOT, load_tool, output_of, run
+from helpers import ROOT, load_tool, output_of
 
 KCLA_UNET = osp.join(ROOT, 'configs/kcla/unet_kcla-r18_isic2017-256x256.py')
 LA_UNET = osp.join(ROOT, 'configs/baselines/unet_la-r18_isic2017-256x256.py')
@@ -33,83 +35,205 @@ def image(tmp_path):
     return path
 
 
-def memory_ratios(implementation):
-    """The activation-memory ratios that benchmark_backbone.py prints for
-    both train settings, in a tiny run."""
-    log = output_of(sys.executable, 'tools/analysis/benchmark_backbone.py',
-                    '--depth', 18, '--size', 64, '--train-batch', 2,
-                    '--repeats', 1, '--warmup', 0, '--modes', 'train',
-                    '--kcla-implementation', implementation)
-    assert f'kcla_implementation={implementation}' in log
-    assert re.search(r'train step \(fwd\+bwd\) +batch  2x3x64x64: ResNet',
-                     log), log
-    return {
-        setting: float(ratio)
-        for setting, ratio in re.findall(
-            r'activation memory of a train step \((\w+), weights '
-            r'excluded\): ResNet [\d.]+ MiB  KCLA [\d.]+ MiB  ratio '
-            r'([\d.]+)', log)
-    }
+BENCHMARK = 'tools/analysis/benchmark_backbone.py'
+# Tiny sizes for the benchmark's tests: ResNet-18 at 64x64.
+TINY = ('--depth', '18', '--size', '64', '--eval-batch', '1', '--train-batch',
+        '2', '--repeats', '1', '--warmup', '0')
+ROWS = ('eval forward', 'train step (fwd+bwd)', 'activation memory',
+        'peak memory growth')
+
+
+def benchmark_tables(log):
+    """``{(setting, threads option): {row: (ResNet value, [cells])}}`` of
+    benchmark_backbone.py's output; a cell is a ratio or None for '-'."""
+    tables = {}
+    for block in re.split(r'\n== ', log)[1:]:
+        heading, *lines = block.strip().splitlines()
+        key = re.match(
+            r'(\w+), ResNet-\d+, \d+ thread\(s\) \(--threads '
+            r'(\d+)\)', heading).groups()
+        rows = {}
+        for line in lines[1:]:
+            match = re.match(r'(.+?)  +([\d.]+ (?:ms|MiB)|-)  +(.*)$', line)
+            if match is None:
+                continue
+            label, value, cells = match.groups()
+            rows[label] = (value, [
+                None if c == '-' else float(c) for c in cells.split()
+            ])
+        tables[(key[0], int(key[1]))] = dict(columns=lines[0].split(), **rows)
+    return tables
+
+
+@pytest.fixture
+def benchmark_tool():
+    """benchmark_backbone.py in-process, with torch's thread count put
+    back afterwards (its sections set it)."""
+    threads = torch.get_num_threads()
+    yield load_tool(BENCHMARK)
+    torch.set_num_threads(threads)
+
+
+def test_benchmark_backbone_parses_lists_and_settings(benchmark_tool):
+    args = benchmark_tool.parse_args([
+        '--depth', '50', '101', '--threads', '1', '0', '--setting', 'imagenet',
+        'detection', '--implementations', 'auto', 'fused'
+    ])
+    assert args.depth == [50, 101] and args.threads == [1, 0]
+    assert args.settings == ['imagenet', 'detection']
+    assert args.implementations == ['auto', 'fused']
+    defaults = benchmark_tool.parse_args([])
+    assert (defaults.depth, defaults.threads, defaults.settings,
+            defaults.implementations) == ([50], [1], ['imagenet'], ['auto'])
+    # The former single-implementation option still works.
+    assert benchmark_tool.parse_args(['--kcla-implementation',
+                                      'fused']).implementations == ['fused']
+    # The settings' sizes, and the explicit options overriding them.
+    assert benchmark_tool.shapes(defaults, 'imagenet') == [(1, 3, 224, 224),
+                                                           (8, 3, 224, 224)]
+    assert benchmark_tool.shapes(defaults, 'detection') == [(1, 3, 800, 1216),
+                                                            (2, 3, 512, 512)]
+    small = benchmark_tool.parse_args(['--size', '64', '--train-batch', '2'])
+    assert benchmark_tool.shapes(small, 'detection') == [(1, 3, 64, 64),
+                                                         (2, 3, 64, 64)]
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--setting', 'coco'], "--setting/--settings: invalid choice: 'coco'"),
+    (['--threads', '1', '-2'], '--threads -2: not an integer >= 0'),
+    (['--threads', 'all'], '--threads all: not an integer >= 0'),
+    (['--depth', '42'], '--depth: invalid choice: 42'),
+    (['--implementations', 'fast'], "invalid choice: 'fast'"),
+    (['--official', 'no/such/kcla_resnet.py'
+      ], '--official no/such/kcla_resnet.py: no such file'),
+])
+def test_benchmark_backbone_rejects_bad_options(benchmark_tool, capsys, argv,
+                                                message):
+    with pytest.raises(SystemExit) as error:
+        benchmark_tool.parse_args(argv)
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_benchmark_backbone_quick_eval_table(benchmark_tool, capsys):
+    """The quick suite's run of the tool: one eval row, one column."""
+    benchmark_tool.main([*TINY, '--modes', 'eval', '--no-memory'])
+    table = benchmark_tables(capsys.readouterr().out)[('imagenet', 1)]
+    assert table['columns'] == ['ResNet-18', 'KCLA', 'auto']
+    assert set(table) == {'columns', 'eval forward'}
+    assert table['eval forward'][1][0] > 0
+
+
+# The tests below run at tiny sizes, but the memory rows start a process per
+# model and the sections multiply: 50-100 s each on the shared 2-core VM.
+@pytest.mark.slow
+def test_benchmark_backbone_prints_a_table_per_setting_and_thread_count(
+        benchmark_tool, capsys):
+    """Every (setting, threads) section with its timing rows and one
+    column per implementation, ratios positive (no timing asserted)."""
+    benchmark_tool.main([
+        *TINY, '--threads', '1', '0', '--setting', 'imagenet', 'detection',
+        '--implementations', 'auto', 'fused', '--no-memory'
+    ])
+    tables = benchmark_tables(capsys.readouterr().out)
+    assert set(tables) == {('imagenet', 1), ('imagenet', 0), ('detection', 1),
+                           ('detection', 0)}
+    for table in tables.values():
+        assert table['columns'] == [
+            'ResNet-18', 'KCLA', 'auto', 'KCLA', 'fused'
+        ]
+        assert set(table) == {'columns', *ROWS[:2]}
+        for row in ROWS[:2]:
+            value, ratios = table[row]
+            assert value.endswith(' ms') and float(value.split()[0]) > 0
+            assert len(ratios) == 2 and all(r > 0 for r in ratios), table
+
+
+@pytest.mark.slow
+def test_benchmark_backbone_memory_rows(benchmark_tool, capsys):
+    """Activation memory and peak growth beside each other, each model in
+    a fresh process: the peak includes the saved activations."""
+    benchmark_tool.main([*TINY, '--implementations', 'auto', 'fused'])
+    table = benchmark_tables(capsys.readouterr().out)[('imagenet', 1)]
+    assert set(table) == {'columns', *ROWS}
+    activation, peak = (float(table[row][0].split()[0]) for row in ROWS[2:])
+    assert 0 < activation < peak
+    for row in ROWS[2:]:
+        assert all(r > 0 for r in table[row][1]), table
+    # 'fused' keeps more for backward than the compiled kernels or ResNet.
+    assert table['activation memory'][1][1] > 1
+
+
+@pytest.mark.skipif(
+    not osp.isfile('/proc/self/clear_refs'),
+    reason='the peak RSS growth resets /proc/self/clear_refs (Linux)')
+def test_peak_growth_counts_a_large_allocation():
+    """The reset high-water mark sees memory that is allocated, touched
+    and given back between two readings."""
+    assert can_measure_peak_rss()
+    before = reset_peak_rss()
+    x = torch.ones(64 * 2**20 // 4)  # 64 MiB, mapped and touched
+    del x
+    grown = peak_rss() - before
+    assert 60 * 2**20 < grown < 200 * 2**20, grown
 
 
 @pytest.mark.slow
 def test_benchmark_backbone_measures_both_memory_settings():
     """Both train settings of the memory targets, and 'recompute' keeping
     less than the fused path in each."""
-    fused, recompute = memory_ratios('fused'), memory_ratios('recompute')
-    assert set(fused) == set(recompute) == {'bn', 'detection'}
-    for setting in fused:
-        assert 1 < recompute[setting] < fused[setting], (fused, recompute)
+    log = output_of(sys.executable, BENCHMARK, *TINY, '--modes', 'train',
+                    '--setting', 'imagenet', 'detection', '--implementations',
+                    'fused', 'recompute')
+    tables = benchmark_tables(log)
+    assert set(tables) == {('imagenet', 1), ('detection', 1)}
+    for table in tables.values():
+        fused, recompute = table['activation memory'][1]
+        assert 1 < recompute < fused, table
 
 
 OFFICIAL_STAND_IN = """
 import torch.nn as nn
 
 def resnet18_kcla():
+    print('Constructing resnet18_kcla......')  # as the official file does
     return nn.Sequential(nn.Conv2d(3, 8, 3, stride=4), nn.BatchNorm2d(8),
-                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 10))
 """
 
 
 @pytest.mark.slow
-def test_benchmark_backbone_adds_the_official_file(tmp_path):
+def test_benchmark_backbone_adds_the_official_file(tmp_path, benchmark_tool,
+                                                   capsys):
     """``--official FILE`` builds ``resnet<depth>_kcla()`` from the user's
-    file (a stand-in here: the real one is fetched by the user) into the
-    same run, and names the file and the function when either is
-    missing."""
+    file (a stand-in here: the real one is the user's copy of github
+    bgx666/KCLA's imagenet/kcla_resnet.py, not tests/official_reference.py)
+    into the same run as a column; it cannot freeze stages, so in the
+    detection setting it has only the eval ratio. A file without the
+    depth's function is named with the option."""
     official = tmp_path / 'kcla_resnet.py'
     official.write_text(OFFICIAL_STAND_IN)
-    args = ('--size', 64, '--train-batch', 2, '--repeats', 1, '--warmup', 0)
-    log = output_of(sys.executable, 'tools/analysis/benchmark_backbone.py',
-                    '--depth', 18, *args, '--official', official)
-    for mode in ('eval forward', r'train step \(fwd\+bwd\)'):
-        assert re.search(
-            mode + r'.*ratio [\d.]+  official +[\d.]+ ms  '
-            r'ratio [\d.]+', log), log
-    assert re.search(r'\(bn, weights excluded\).*  official [\d.]+ MiB',
-                     log), log
-    assert 'official' not in re.search(r'\(detection.*', log).group(0)
-    result = run(
-        sys.executable,
-        'tools/analysis/benchmark_backbone.py',
-        '--depth',
-        50,
-        *args,
-        '--official',
-        official,
-        check=False)
-    assert result.returncode != 0
+    benchmark_tool.main([
+        *TINY, '--setting', 'imagenet', 'detection', '--official',
+        str(official)
+    ])
+    out = capsys.readouterr().out
+    tables = benchmark_tables(out)
+    imagenet, detection = tables[('imagenet', 1)], tables[('detection', 1)]
+    assert imagenet['columns'][-1] == detection['columns'][-1] == 'official'
+    for row in ROWS:
+        assert imagenet[row][1][-1] > 0, imagenet
+    assert detection['eval forward'][1][-1] > 0
+    for row in ROWS[1:]:
+        assert detection[row][1][-1] is None, detection
+    assert 'official: no frozen stages or norm_eval' in out
+    with pytest.raises(ValueError) as error:
+        benchmark_tool.main(
+            [*TINY[2:], '--depth', '50', '--official',
+             str(official)])
     assert f'--official {official} has no resnet50_kcla() for depth 50 ' \
-        '(it has: resnet18_kcla)' in result.stderr
-    result = run(
-        sys.executable,
-        'tools/analysis/benchmark_backbone.py',
-        *args,
-        '--official',
-        tmp_path / 'missing.py',
-        check=False)
-    assert f'--official {tmp_path / "missing.py"}: no such file' in \
-        result.stderr
+        '(it has: resnet18_kcla)' in str(error.value)
 
 
 # The phases each implementation's train step and eval forward label.

@@ -1,13 +1,20 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
-"""KCLAResNet against mmdet's ResNet of the same depth: latency and the
-activation memory of a train step.
+"""KCLAResNet against mmdet's ResNet of the same depth: latency, the
+activation memory of a train step and its peak memory growth.
 
-Both models are measured in one run, alternating iteration by iteration
+The models are measured in one run, alternating iteration by iteration
 (:func:`kcla_mm.analysis.timing.alternating_times`) so that machine noise
-hits both alike. Speed is a measurement, not a test: nothing here asserts.
+hits them alike. Speed is a measurement, not a test: nothing here asserts.
+
+Memory is measured per model in a fresh process
+(:func:`train_step_memory_in_subprocess`, this module run with ``-m``).
 """
+import gc
 import importlib.util
+import json
 import os.path as osp
+import subprocess
+import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -21,13 +28,38 @@ from .timing import alternating_times, eval_step, train_step
 
 MODES = ('eval', 'train')
 
-#: The two train settings of the memory targets: ImageNet training (every
-#: BN learns and updates its statistics) and mmdet's detection backbones
-#: (stage 1 frozen, BN statistics frozen).
-TRAIN_SETTINGS = {
-    'bn': dict(norm_eval=False, frozen_stages=-1),
-    'detection': dict(norm_eval=True, frozen_stages=1),
+#: The benchmark settings: input sizes (N, C, H, W) of an eval forward and
+#: of a train step, and the backbone arguments of the train step (the same
+#: for every model). 'imagenet': the classification recipe's crops, every
+#: BN learning and updating its statistics. 'detection': an 800x1216 image
+#: (the 1333x800 resize of a 4:3 COCO image, padded to 32) in eval and
+#: 512x512 crops at batch 2 in training, with the backbone arguments of
+#: mmdet's Faster R-CNN configs (stem and stage 1 frozen, BN statistics
+#: frozen).
+SETTINGS = {
+    'imagenet':
+    dict(
+        eval_shape=(1, 3, 224, 224),
+        train_shape=(8, 3, 224, 224),
+        backbone=dict(norm_eval=False, frozen_stages=-1)),
+    'detection':
+    dict(
+        eval_shape=(1, 3, 800, 1216),
+        train_shape=(2, 3, 512, 512),
+        backbone=dict(norm_eval=True, frozen_stages=1)),
 }
+
+#: The backbone arguments of each setting (the memory targets' train
+#: settings).
+TRAIN_SETTINGS = {name: s['backbone'] for name, s in SETTINGS.items()}
+
+
+def official_constructor_name(depth: int) -> str:
+    """The function of the official file that builds ``depth``:
+    ``imagenet/kcla_resnet.py`` of github bgx666/KCLA defines
+    ``resnet50_kcla`` and ``resnet101_kcla`` (and a 4-block
+    ``resnet18_kcla`` that is not ResNet-18)."""
+    return f'resnet{depth}_kcla'
 
 
 def load_official(path: str, depth: int) -> nn.Module:
@@ -41,7 +73,7 @@ def load_official(path: str, depth: int) -> nn.Module:
     spec = importlib.util.spec_from_file_location('official_kcla_resnet', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    name = f'resnet{depth}_kcla'
+    name = official_constructor_name(depth)
     if not hasattr(module, name):
         found = sorted(n for n in vars(module) if n.endswith('_kcla'))
         raise ValueError(f'--official {path} has no {name}() for depth '
@@ -52,44 +84,84 @@ def load_official(path: str, depth: int) -> nn.Module:
     return model
 
 
-def build_models(depth: int,
-                 device: str = 'cpu',
-                 memory_format: torch.memory_format = torch.contiguous_format,
-                 kcla_implementation: str = 'auto',
-                 setting: str = 'bn',
-                 official: Optional[str] = None) -> Dict[str, nn.Module]:
+def model_names(implementations: Sequence[str],
+                official: bool = False) -> List[str]:
+    """The names :func:`build_model` takes: ``'resnet'``, ``'kcla:<impl>'``
+    per implementation and ``'official'``."""
+    names = ['resnet'] + [f'kcla:{impl}' for impl in implementations]
+    return names + ['official'] if official else names
+
+
+def official_has_setting(setting: str) -> bool:
+    """Whether the official model can run a train step of ``setting``: it
+    has no frozen stages and no ``norm_eval``, so only the ImageNet one.
+    Its eval forward is the same in every setting."""
+    return SETTINGS[setting]['backbone'] == SETTINGS['imagenet']['backbone']
+
+
+def build_model(name: str,
+                depth: int,
+                setting: str = 'imagenet',
+                official: Optional[str] = None) -> nn.Module:
+    """One model of :func:`model_names`, initialised (on the CPU), with the
+    backbone arguments of ``setting``; ``'official'`` is loaded from the
+    file ``official`` (:func:`load_official`)."""
+    common = dict(depth=depth, **SETTINGS[setting]['backbone'])
+    if name == 'resnet':
+        model = ResNet(**common)
+    elif name.startswith('kcla:'):
+        model = KCLAResNet(**common, kcla_implementation=name[len('kcla:'):])
+    elif name == 'official':
+        return load_official(official, depth)  # it inits itself
+    else:
+        raise ValueError(f'unknown model {name!r}')
+    model.init_weights()
+    return model
+
+
+def build_models(
+        depth: int,
+        device: str = 'cpu',
+        memory_format: torch.memory_format = torch.contiguous_format,
+        kcla_implementation: str = 'auto',
+        setting: str = 'imagenet',
+        official: Optional[str] = None,
+        implementations: Optional[Sequence[str]] = None
+) -> Dict[str, nn.Module]:
     """``{'resnet': ResNet, 'kcla': KCLAResNet}`` of ``depth``, initialised
     with seed 0 and moved to ``device`` in ``memory_format``; KCLAResNet's
     ``kcla_implementation`` as given.
 
-    ``setting`` is one of :data:`TRAIN_SETTINGS`, the same for both; the
-    default 'bn' (nothing frozen) makes a train step update BN statistics
-    as in ImageNet training. With ``official`` (a path, see
-    :func:`load_official`) and the 'bn' setting, the official model is
-    added as ``'official'`` (it has no frozen stages or frozen BN).
+    ``setting`` is one of :data:`SETTINGS`, the same for all. With
+    ``implementations``, one KCLAResNet per implementation, named
+    ``'kcla:<impl>'``, instead of ``'kcla'``. With ``official`` (a path,
+    see :func:`load_official`) the official model is added as
+    ``'official'``.
     """
     torch.manual_seed(0)
-    common = dict(depth=depth, **TRAIN_SETTINGS[setting])
-    models = {
-        'resnet': ResNet(**common),
-        'kcla': KCLAResNet(**common, kcla_implementation=kcla_implementation)
-    }
-    if official is not None and setting == 'bn':
-        models['official'] = load_official(official, depth)
-    for model in models.values():
-        if hasattr(model, 'init_weights'):  # the official model inits itself
-            model.init_weights()
-        model.to(device, memory_format=memory_format)
+    if implementations is None:
+        names = {'resnet': 'resnet', 'kcla': f'kcla:{kcla_implementation}'}
+    else:
+        names = {n: n for n in model_names(implementations)}
+    if official is not None:
+        names['official'] = 'official'
+    models = {}
+    for key, name in names.items():
+        models[key] = build_model(name, depth, setting, official)
+        models[key].to(device, memory_format=memory_format)
     return models
 
 
-def time_modes(models: Dict[str, nn.Module],
-               x_eval: Tensor,
-               x_train: Tensor,
-               modes: Sequence[str] = MODES,
-               warmup: int = 3,
-               repeats: int = 15,
-               device: str = 'cpu') -> Dict[Tuple[str, str], List[float]]:
+def time_modes(
+    models: Dict[str, nn.Module],
+    x_eval: Tensor,
+    x_train: Tensor,
+    modes: Sequence[str] = MODES,
+    warmup: int = 3,
+    repeats: int = 15,
+    device: str = 'cpu',
+    train_models: Optional[Sequence[str]] = None
+) -> Dict[Tuple[str, str], List[float]]:
     """Seconds per iteration of each (model name, mode).
 
     One mode at a time, so that eval rounds do not run between train
@@ -104,6 +176,8 @@ def time_modes(models: Dict[str, nn.Module],
         repeats (int): Timed rounds per mode. Defaults to 15.
         device (str): The models' device; CUDA is synchronised around
             each step.
+        train_models (Sequence[str], optional): The models that take part
+            in the train rounds; all by default.
 
     Returns:
         dict[tuple[str, str], list[float]]: ``repeats`` times for each
@@ -112,10 +186,14 @@ def time_modes(models: Dict[str, nn.Module],
     steps = {'eval': eval_step(x_eval), 'train': train_step(x_train)}
     results: Dict[Tuple[str, str], List[float]] = {}
     for mode in MODES:
-        if mode in modes:
-            results.update(
-                alternating_times(models, {mode: steps[mode]}, warmup, repeats,
-                                  device))
+        if mode not in modes:
+            continue
+        timed = models
+        if mode == 'train' and train_models is not None:
+            timed = {n: m for n, m in models.items() if n in train_models}
+        results.update(
+            alternating_times(timed, {mode: steps[mode]}, warmup, repeats,
+                              device))
     return results
 
 
@@ -135,3 +213,133 @@ def train_step_memory(models: Dict[str, nn.Module],
         if cuda:
             memory[name + '_peak'] = torch.cuda.max_memory_allocated()
     return memory
+
+
+# Peak memory growth of a train step on the CPU: the process's resident set
+# high-water mark (VmHWM) minus its resident set (VmRSS) just before the
+# step. Writing 5 to /proc/self/clear_refs (Linux 4.0+) resets VmHWM to the
+# current VmRSS; the kernel raises VmHWM before every unmap of pages (munmap,
+# brk shrink, madvise(MADV_DONTNEED): the ways glibc gives freed memory
+# back), so it holds the true peak of the step however malloc returns
+# memory in between. ru_maxrss (getrusage) is the same counter but cannot be
+# reset: model construction can peak above the step's start, hiding part of
+# the step. The step runs in a fresh process, once, because a process that
+# has run steps before keeps freed blocks in glibc's heap and reuses them
+# without growing the resident set: a second step in the same process shows
+# less growth than the step needs, and by how much depends on what ran
+# before (the other models, the timing rounds). What the figure includes:
+# the saved activations, the temporary buffers of forward and backward at
+# their high point, the gradients of the weights (set_to_none before each
+# step, so allocated by this one) and the one-time lazy set-up of the first
+# step (oneDNN primitives, thread pools, the autograd engine: some tens of
+# MiB, alike for every model, most visible at tiny sizes).
+def _status_kib(field: str) -> int:
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(field + ':'):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_peak_rss() -> int:
+    """Resets this process's RSS high-water mark (VmHWM) to its resident
+    set and returns that, in bytes (Linux; OSError elsewhere)."""
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')
+    return _status_kib('VmRSS') * 1024
+
+
+def peak_rss() -> int:
+    """This process's RSS high-water mark (VmHWM) in bytes."""
+    return _status_kib('VmHWM') * 1024
+
+
+def can_measure_peak_rss() -> bool:
+    """Whether this process can reset its RSS high-water mark."""
+    try:
+        reset_peak_rss()
+        peak_rss()
+        return True
+    except (OSError, KeyError):
+        return False
+
+
+def measure_one(name: str,
+                depth: int,
+                setting: str,
+                train_shape: Sequence[int],
+                threads: int,
+                device: str = 'cpu',
+                channels_last: bool = False,
+                official: Optional[str] = None) -> Dict[str, Optional[int]]:
+    """Memory of one train step of one model in this process (meant to be
+    fresh, see the comment above): ``{'activation': saved-tensor bytes,
+    weights excluded, 'peak_growth': bytes or None where it cannot be
+    measured}``."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+    memory_format = (
+        torch.channels_last if channels_last else torch.contiguous_format)
+    torch.manual_seed(0)
+    model = build_model(name, depth, setting, official)
+    model.to(device, memory_format=memory_format).train()
+    x = torch.randn(
+        *train_shape, device=device).contiguous(memory_format=memory_format)
+    gc.collect()
+    cuda = device.startswith('cuda')
+    peak = can_measure_peak_rss() and not cuda
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    elif peak:
+        before = reset_peak_rss()
+    activation = saved_activation_bytes(model, x)
+    growth = None
+    if cuda:
+        torch.cuda.synchronize()
+        growth = torch.cuda.max_memory_allocated() - before
+    elif peak:
+        growth = peak_rss() - before
+    return dict(activation=activation, peak_growth=growth)
+
+
+def train_step_memory_in_subprocess(
+        name: str,
+        depth: int,
+        setting: str,
+        train_shape: Sequence[int],
+        threads: int,
+        device: str = 'cpu',
+        channels_last: bool = False,
+        official: Optional[str] = None) -> Dict[str, Optional[int]]:
+    """:func:`measure_one` in a fresh Python process (this module with
+    ``-m``, the same interpreter and environment)."""
+    spec = dict(
+        name=name,
+        depth=depth,
+        setting=setting,
+        train_shape=list(train_shape),
+        threads=threads,
+        device=device,
+        channels_last=channels_last,
+        official=official)
+    result = subprocess.run([sys.executable, '-m', __name__,
+                             json.dumps(spec)],
+                            capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f'memory of {name} failed:\n'
+                           f'{result.stderr[-3000:]}')
+    # The official constructors print; the result is the last line.
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+if __name__ == '__main__':
+    import logging
+
+    from mmengine.logging import MMLogger
+
+    # init_weights() logs one INFO record per parameter.
+    MMLogger.get_current_instance().setLevel(logging.WARNING)
+    print(json.dumps(measure_one(**json.loads(sys.argv[1]))))

@@ -1,11 +1,26 @@
 """Benchmark KCLAResNet against mmdet's ResNet of the same depth.
 
-Both models are measured in one run, alternating iteration by iteration so
-that machine noise hits both alike; the script prints medians and their
-ratios. It asserts nothing: speed is a measurement, not a test. The models and
-the measurements are :mod:`kcla_mm.analysis.benchmark`'s.
+For each depth, setting and thread count (a section of the output) the
+models run in one process, alternating iteration by iteration so that
+machine noise hits them alike; the script prints ResNet's medians and each
+other model's ratio to them. It asserts nothing: speed is a measurement,
+not a test. The models and the measurements are
+:mod:`kcla_mm.analysis.benchmark`'s.
 
-    python tools/analysis/benchmark_backbone.py --depth 50 --threads 1
+    python tools/analysis/benchmark_backbone.py --depth 50 --threads 1 0 \
+        --setting imagenet detection --implementations auto fused
+
+Settings (``--setting``): 'imagenet' times an eval forward of 1x3x224x224
+and a train step of 8x3x224x224 with every BN training; 'detection' an eval
+forward of 1x3x800x1216 and a train step of 2x3x512x512 with
+``frozen_stages=1, norm_eval=True`` (mmdet's Faster R-CNN backbone).
+``--eval-batch``, ``--train-batch`` and ``--size`` override those sizes.
+
+Memory rows (with the train mode): the activation memory of a train step
+(the bytes autograd saves for backward, weights excluded) and the peak
+memory growth of the step (the resident set's high-water mark above its
+level before the step, with the weights' gradients and temporaries), each
+model measured in a fresh process (see :mod:`kcla_mm.analysis.benchmark`).
 
 ``--keep-freed-memory`` re-runs the script with glibc's malloc told to keep
 freed blocks instead of returning them to the OS (mmap threshold at its
@@ -19,35 +34,120 @@ tcmalloc remove in Intel's CPU tuning guides; it helps both models.
 import argparse
 import logging
 import os
+import os.path as osp
 import statistics
 import sys
 
 import torch
 from mmengine.logging import MMLogger
 
-from kcla_mm.analysis.benchmark import (TRAIN_SETTINGS, build_models,
-                                        time_modes, train_step_memory)
+from kcla_mm.analysis.benchmark import (SETTINGS, build_models,
+                                        official_has_setting, time_modes,
+                                        train_step_memory_in_subprocess)
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
 
+DEPTHS = (18, 34, 50, 101, 152)
+# torch's default intra-op thread count (all cores), what --threads 0 means.
+DEFAULT_THREADS = torch.get_num_threads()
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--depth', type=int, default=50)
+
+def non_negative_int(option: str):
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise argparse.ArgumentTypeError(
+                f'{option} {text}: not an integer >= 0')
+        return value
+
+    return parse
+
+
+def positive_int(option: str):
+
+    def parse(text: str) -> int:
+        value = non_negative_int(option)(text)
+        if value == 0:
+            raise argparse.ArgumentTypeError(f'{option} {text}: must be > 0')
+        return value
+
+    return parse
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument(
+        '--depth',
+        type=int,
+        nargs='+',
+        default=[50],
+        choices=DEPTHS,
+        help='ResNet depth(s), one section each')
     parser.add_argument(
         '--threads',
-        type=int,
-        default=1,
-        help='torch intra-op threads (default 1)')
-    parser.add_argument('--eval-batch', type=int, default=1)
-    parser.add_argument('--train-batch', type=int, default=8)
-    parser.add_argument('--size', type=int, default=224)
+        type=non_negative_int('--threads'),
+        nargs='+',
+        default=[1],
+        help='torch intra-op thread count(s), one section each; 0 is '
+        "torch's default (all cores)")
+    parser.add_argument(
+        '--setting',
+        '--settings',
+        dest='settings',
+        nargs='+',
+        default=['imagenet'],
+        choices=list(SETTINGS),
+        help="input sizes and train arguments, one section each: 'imagenet' "
+        '(eval 1x3x224x224, train 8x3x224x224, BN training), '
+        "'detection' (eval 1x3x800x1216, train 2x3x512x512, "
+        'frozen_stages=1, norm_eval=True)')
+    parser.add_argument(
+        '--implementations',
+        '--kcla-implementation',
+        dest='implementations',
+        nargs='+',
+        default=['auto'],
+        choices=list(IMPLEMENTATIONS),
+        help="KCLAResNet(kcla_implementation=...), one column each: 'auto' "
+        "runs the compiled kernels where built, 'fused' and 'recompute' are "
+        'the pure-PyTorch paths')
+    parser.add_argument(
+        '--official',
+        metavar='FILE',
+        help='also measure the official model: your copy of '
+        'imagenet/kcla_resnet.py of github bgx666/KCLA (resnet50_kcla, '
+        'resnet101_kcla; fc removed), in the same interleaved run; it has '
+        'no frozen stages, so its train step and memory only in the '
+        "'imagenet' setting")
+    parser.add_argument(
+        '--eval-batch',
+        type=positive_int('--eval-batch'),
+        help="override the setting's eval batch")
+    parser.add_argument(
+        '--train-batch',
+        type=positive_int('--train-batch'),
+        help="override the setting's train batch")
+    parser.add_argument(
+        '--size',
+        type=positive_int('--size'),
+        help="override the setting's input sizes with SIZE x SIZE")
     parser.add_argument(
         '--repeats',
-        type=int,
+        type=positive_int('--repeats'),
         default=15,
         help='timed iterations per model and mode')
-    parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument(
+        '--warmup', type=non_negative_int('--warmup'), default=3)
     parser.add_argument('--device', default='cpu')
+    parser.add_argument(
+        '--no-memory',
+        action='store_true',
+        help='leave out the memory rows (each model in a fresh process)')
     parser.add_argument(
         '--keep-freed-memory',
         action='store_true',
@@ -56,27 +156,17 @@ def parse_args():
     parser.add_argument(
         '--channels-last',
         action='store_true',
-        help='run both models and inputs in channels_last (NHWC), where '
+        help='run the models and inputs in channels_last (NHWC), where '
         "oneDNN's depthwise conv needs no layout reorders")
-    parser.add_argument(
-        '--kcla-implementation',
-        default='auto',
-        choices=list(IMPLEMENTATIONS),
-        help="KCLAResNet(kcla_implementation=...): 'auto' (the default) "
-        "runs the compiled kernels where built, 'fused' and 'recompute' are "
-        'the pure-PyTorch paths')
-    parser.add_argument(
-        '--official',
-        metavar='FILE',
-        help='also measure the official model: your copy of '
-        'imagenet/kcla_resnet.py of github bgx666/KCLA (fc removed), in the '
-        "same interleaved run and in the memory of the 'bn' setting")
     parser.add_argument(
         '--modes',
         nargs='+',
         default=['eval', 'train'],
         choices=['eval', 'train'])
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.official is not None and not osp.isfile(args.official):
+        parser.error(f'--official {args.official}: no such file')
+    return args
 
 
 # Values glibc reads only at process start, hence the re-run. 32 MiB is the
@@ -89,75 +179,137 @@ KEEP_FREED_MEMORY_ENV = {
 }
 
 
-def main():
-    args = parse_args()
+def shapes(args, setting):
+    """(eval shape, train shape) of ``setting`` with the overrides."""
+    result = []
+    for key, batch in (('eval_shape', args.eval_batch), ('train_shape',
+                                                         args.train_batch)):
+        n, c, h, w = SETTINGS[setting][key]
+        if batch is not None:
+            n = batch
+        if args.size is not None:
+            h = w = args.size
+        result.append((n, c, h, w))
+    return result
+
+
+def column_names(args, setting):
+    names = [f'kcla:{impl}' for impl in args.implementations]
+    return names + ['official'] if args.official else names
+
+
+def heading(name):
+    return 'official' if name == 'official' else 'KCLA ' + name[5:]
+
+
+def format_table(rows, columns, base_label):
+    """``rows``: (label, base value or None, unit, {column: ratio or None})."""
+    label_width = max(len(r[0]) for r in rows)
+    widths = [max(len(heading(c)), 6) for c in columns]
+    lines = [
+        ' ' * label_width + f'  {base_label:>12s}  ' +
+        '  '.join(f'{heading(c):>{w}s}' for c, w in zip(columns, widths))
+    ]
+    for label, base, unit, ratios in rows:
+        value = '-' if base is None else f'{base:.1f} {unit}'
+        cells = [
+            ('-' if ratios.get(c) is None else f'{ratios[c]:.3f}').rjust(w)
+            for c, w in zip(columns, widths)
+        ]
+        lines.append(f'{label:{label_width}s}  {value:>12s}  ' +
+                     '  '.join(cells))
+    return '\n'.join(lines)
+
+
+def run_section(args, depth, setting, threads, memory_format):
+    torch.set_num_threads(threads if threads > 0 else DEFAULT_THREADS)
+    eval_shape, train_shape = shapes(args, setting)
+    models = build_models(
+        depth,
+        args.device,
+        memory_format,
+        setting=setting,
+        official=args.official,
+        implementations=args.implementations)
+    columns = column_names(args, setting)
+    official_trains = official_has_setting(setting)
+    train_models = [n for n in models if n != 'official' or official_trains]
+    x_eval = torch.randn(
+        *eval_shape,
+        device=args.device).contiguous(memory_format=memory_format)
+    x_train = torch.randn(
+        *train_shape,
+        device=args.device).contiguous(memory_format=memory_format)
+    results = time_modes(models, x_eval, x_train, args.modes, args.warmup,
+                         args.repeats, args.device, train_models)
+    del models
+
+    backbone = SETTINGS[setting]['backbone']
+    print(f'\n== {setting}, ResNet-{depth}, {torch.get_num_threads()} '
+          f'thread(s) (--threads {threads}): eval '
+          f'{"x".join(map(str, eval_shape))}, train step '
+          f'{"x".join(map(str, train_shape))} with '
+          f'frozen_stages={backbone["frozen_stages"]}, '
+          f'norm_eval={backbone["norm_eval"]} ==')
+    rows = []
+    for mode, label in (('eval', 'eval forward'), ('train',
+                                                   'train step (fwd+bwd)')):
+        if mode not in args.modes:
+            continue
+        base = statistics.median(results[('resnet', mode)])
+        ratios = {
+            c: statistics.median(results[(c, mode)]) / base
+            for c in columns if (c, mode) in results
+        }
+        rows.append((label, base * 1e3, 'ms', ratios))
+    if 'train' in args.modes and not args.no_memory:
+        memory = {}
+        for name in ['resnet'] + columns:
+            if name == 'official' and not official_trains:
+                continue
+            memory[name] = train_step_memory_in_subprocess(
+                name, depth, setting, train_shape, threads, args.device,
+                args.channels_last, args.official)
+        for key, label in (('activation', 'activation memory'),
+                           ('peak_growth', 'peak memory growth')):
+            base = memory['resnet'][key]
+            ratios = {
+                c: memory[c][key] / base
+                for c in columns
+                if c in memory and base and memory[c][key] is not None
+            }
+            rows.append(
+                (label, None if base is None else base / 2**20, 'MiB', ratios))
+    print(format_table(rows, columns, f'ResNet-{depth}'))
+    if args.official and not official_trains and 'train' in args.modes:
+        print('(official: no frozen stages or norm_eval, so no train step '
+              'in this setting)')
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.keep_freed_memory and any(
             os.environ.get(k) != v for k, v in KEEP_FREED_MEMORY_ENV.items()):
         os.execve(sys.executable, [sys.executable] + sys.argv, {
             **os.environ,
             **KEEP_FREED_MEMORY_ENV
         })
-    torch.set_num_threads(args.threads)
     # init_weights() logs one INFO record per parameter.
     MMLogger.get_current_instance().setLevel(logging.WARNING)
     memory_format = (
         torch.channels_last if args.channels_last else torch.contiguous_format)
-    models = build_models(
-        args.depth,
-        args.device,
-        memory_format,
-        args.kcla_implementation,
-        official=args.official)
-    x_eval = torch.randn(
-        args.eval_batch, 3, args.size, args.size,
-        device=args.device).contiguous(memory_format=memory_format)
-    x_train = torch.randn(
-        args.train_batch, 3, args.size, args.size,
-        device=args.device).contiguous(memory_format=memory_format)
-    results = time_modes(models, x_eval, x_train, args.modes, args.warmup,
-                         args.repeats, args.device)
-
-    print(f'KCLAResNet-{args.depth} vs ResNet-{args.depth} on {args.device}, '
-          f'{args.threads} thread(s), torch {torch.__version__}, ' +
-          ('channels_last, ' if args.channels_last else 'NCHW, ') +
-          f'kcla_implementation={args.kcla_implementation}, malloc ' +
-          ('keeping freed memory' if args.keep_freed_memory else 'defaults'))
-    for mode, batch in (('eval', args.eval_batch), ('train',
-                                                    args.train_batch)):
-        if mode not in args.modes:
-            continue
-        base = statistics.median(results[('resnet', mode)])
-        kcla = statistics.median(results[('kcla', mode)])
-        label = 'eval forward' if mode == 'eval' else 'train step (fwd+bwd)'
-        line = (f'{label:22s} batch {batch:2d}x3x{args.size}x{args.size}: '
-                f'ResNet {base * 1e3:8.1f} ms  KCLA {kcla * 1e3:8.1f} ms  '
-                f'ratio {kcla / base:.3f}')
-        if 'official' in models:
-            official = statistics.median(results[('official', mode)])
-            line += (f'  official {official * 1e3:8.1f} ms  ratio '
-                     f'{official / base:.3f}')
-        print(line)
-
-    if 'train' not in args.modes:
-        return
-    for setting in TRAIN_SETTINGS:
-        if setting != 'bn':
-            models = build_models(args.depth, args.device, memory_format,
-                                  args.kcla_implementation, setting)
-        memory = train_step_memory(models, x_train, args.device)
-        line = (f'activation memory of a train step ({setting}, weights '
-                f'excluded): ResNet {memory["resnet"] / 2**20:.1f} MiB  KCLA '
-                f'{memory["kcla"] / 2**20:.1f} MiB  ratio '
-                f'{memory["kcla"] / memory["resnet"]:.3f}')
-        if 'official' in memory:
-            line += (f'  official {memory["official"] / 2**20:.1f} MiB  '
-                     f'ratio {memory["official"] / memory["resnet"]:.3f}')
-        print(line)
-        if args.device.startswith('cuda'):
-            print(f'peak CUDA memory of a train step ({setting}): ResNet '
-                  f'{memory["resnet_peak"] / 2**20:.1f} MiB  KCLA '
-                  f'{memory["kcla_peak"] / 2**20:.1f} MiB  ratio '
-                  f'{memory["kcla_peak"] / memory["resnet_peak"]:.3f}')
+    print(f'KCLAResNet vs mmdet ResNet on {args.device}, torch '
+          f'{torch.__version__}, ' +
+          ('channels_last, ' if args.channels_last else 'NCHW, ') + 'malloc ' +
+          ('keeping freed memory' if args.keep_freed_memory else 'defaults') +
+          f', medians of {args.repeats} after {args.warmup} warm-up; '
+          'ResNet: ms per eval forward / train step, MiB of activation '
+          'memory (saved for backward, weights excluded) / peak RSS growth '
+          'of a train step (fresh process); other columns: ratio to ResNet')
+    for depth in args.depth:
+        for setting in args.settings:
+            for threads in args.threads:
+                run_section(args, depth, setting, threads, memory_format)
 
 
 if __name__ == '__main__':

@@ -140,3 +140,95 @@ def test_keeps_one_state_per_stage_not_per_layer(implementation, setting):
     bound = blocks + states + 0.01 * saved['resnet']
     assert saved['ours'] - saved['resnet'] <= bound, (saved, blocks, states)
     assert saved['fused'] - saved['resnet'] > bound + blocks, saved
+
+
+def with_cp_fallback(case):
+    """(backbone kwargs, input transform, context) of a call that 'auto'
+    runs as 'fused' (the kernels do not take it)."""
+    import contextlib
+    plain = contextlib.nullcontext
+    if case == 'group_norm':
+        return dict(norm_cfg=dict(type='GN', num_groups=4)), None, plain
+    if case == 'channels_last':
+        return {}, torch.channels_last, plain
+    if case == 'autocast':
+        return {}, None, lambda: torch.autocast('cpu', torch.bfloat16)
+    return {}, torch.bfloat16, plain  # a dtype the kernels do not take
+
+
+@pytest.mark.parametrize(
+    'case', ['group_norm', 'channels_last', 'autocast', 'bfloat16'])
+def test_with_cp_checkpoints_the_layers_that_run_fused(case):
+    """``with_cp`` asks each call whether it recomputes its own backward
+    (the table that picks the implementation): where 'auto' falls back to
+    'fused', the layer joins the block's checkpoint, so the step keeps no
+    more than with 'fused' and with_cp, no more than without with_cp, and
+    gives the gradients of the step without it."""
+    kwargs, layout, context = with_cp_fallback(case)
+    common = dict(
+        depth=50,
+        base_channels=16,
+        head_dim=16,
+        kcla_drop_path=0.,
+        norm_eval=False,
+        **kwargs)
+    models = {
+        name: KCLAResNet(kcla_implementation=impl, with_cp=cp, **common)
+        for name, (impl, cp) in {
+            'auto': ('auto', False),
+            'auto_cp': ('auto', True),
+            'fused_cp': ('fused', True)
+        }.items()
+    }
+    for model in models.values():
+        model.load_state_dict(models['auto'].state_dict())
+        model.train()
+    x = torch.rand(2, 3, 64, 64)
+    if case in ('group_norm', 'channels_last'):  # exact comparison
+        for model in models.values():
+            model.double()
+        x = x.double()
+    if layout is torch.bfloat16:
+        for model in models.values():
+            model.to(torch.bfloat16)
+        x = x.to(torch.bfloat16)
+    elif layout is not None:
+        for model in models.values():
+            model.to(memory_format=layout)
+        x = x.contiguous(memory_format=layout)
+    saved, grads = {}, {}
+    for name, model in models.items():
+        with context():
+            try:
+                saved[name] = saved_activation_bytes(model, x)
+            except RuntimeError as exc:  # an op this torch lacks on CPU
+                pytest.skip(f'{case} on this torch: {exc}')
+        layers = [m for m in model.modules() if hasattr(m, 'params')]
+        assert {m.last_implementation for m in layers} == {'fused'}
+        grads[name] = [p.grad.float() for p in model.parameters()]
+    assert saved['auto_cp'] <= saved['fused_cp']
+    assert saved['auto_cp'] < saved['auto']
+    if case in ('autocast', 'bfloat16'):
+        # Relative to the largest gradient: bf16 rounds every small one.
+        assert_close_to_max(
+            torch.cat([g.flatten() for g in grads['auto_cp']]),
+            torch.cat([g.flatten() for g in grads['auto']]), 5e-2)
+    else:
+        for got, want in zip(grads['auto_cp'], grads['auto']):
+            assert_close_to_max(got, want, 1e-9)
+
+
+def test_with_cp_decision_for_syncbn():
+    """A SyncBN (mmengine's conversion) cannot be replayed locally: the
+    layer's train-step call runs 'fused' and joins the checkpoint. (A
+    SyncBN train step itself needs a GPU: tests/test_cuda.py.)"""
+    from mmengine.model import convert_sync_batchnorm
+    model = convert_sync_batchnorm(
+        KCLAResNet(depth=18, base_channels=16, head_dim=16))
+    layer = model.layer1[0].kcla
+    assert isinstance(layer.norm, torch.nn.SyncBatchNorm)
+    x = torch.rand(2, 16, 8, 8, requires_grad=True)
+    assert not layer.recomputes_backward(x, None)
+    plain = KCLAResNet(depth=18, base_channels=16, head_dim=16)
+    expected = extension() is not None
+    assert plain.layer1[0].kcla.recomputes_backward(x, None) == expected

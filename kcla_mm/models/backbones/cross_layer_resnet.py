@@ -31,6 +31,16 @@ from .errors import BackboneTypeError
 AttentionFactory = Callable[[int, int, Optional[int], int], nn.Module]
 
 
+def recomputes_backward(attention: nn.Module, x: Tensor, state) -> bool:
+    """Whether ``attention(x, state)`` recomputes its own backward, as a
+    module says through an optional ``recomputes_backward(x, state)``
+    method: such a call keeps little already, and its nodes read each
+    other's saved tensors, which a checkpoint would allow to be unpacked
+    only once; ``with_cp`` then leaves it out of the block's checkpoint."""
+    asks = getattr(attention, 'recomputes_backward', None)
+    return asks is not None and asks(x, state)
+
+
 class CrossLayerResLayerMixin:
     """A ResNet stage with a layer-attention module after every block.
 
@@ -81,11 +91,8 @@ class CrossLayerResLayerMixin:
                     x, state = fused
                     continue
             x = block(x)
-            # A layer that recomputes its own backward keeps little
-            # already, and its nodes read each other's saved tensors, which
-            # a checkpoint would allow to be unpacked only once.
             if (block.with_cp and x.requires_grad
-                    and not getattr(attention, 'recomputes_backward', False)):
+                    and not recomputes_backward(attention, x, state)):
                 x, state = cp.checkpoint(
                     attention, x, state, use_reentrant=False)
             else:

@@ -32,7 +32,7 @@ from ..attention_branch import (add_branch, build_state_adapter,
                                 pooled_conv, pooled_linear, scale_branch,
                                 spatial_mean, zero_branch_scale)
 from .block_tail import fused_block_and_kcla
-from .compiled import compiled_forward, extension, require_extension
+from .compiled import compiled_forward, require_extension
 from .dispatch import IMPLEMENTATIONS, select_implementation
 from .fused import fused_forward
 from .params import KCLAParams
@@ -196,14 +196,17 @@ class KCLALayer(BaseModule):
             raise ValueError('a layer whose state changes width or size '
                              'must have renorm=True')
 
-    @property
-    def recomputes_backward(self) -> bool:
-        """Whether train steps (may) recompute the branch in backward
-        (then ``with_cp`` leaves this layer out of the block's
-        checkpoint: its nodes read each other's saved tensors)."""
-        return self.implementation == 'recompute' or (
-            self.implementation in ('auto', 'compiled')
-            and extension() is not None)
+    def recomputes_backward(self, x: Tensor,
+                            state: Optional[KCLAState]) -> bool:
+        """Whether the call ``self(x, state)`` recomputes its branch in
+        backward, decided by the table that picks its implementation
+        (:func:`.select_implementation`). Where it does, ``with_cp``
+        leaves the layer out of the block's checkpoint (its nodes read each
+        other's saved tensors, and it keeps little already); where the
+        call runs 'fused' or 'reference' (CUDA, autocast, GN, SyncBN,
+        channels_last, ...), the layer joins the checkpoint."""
+        return select_implementation(self.implementation, self.params(), x,
+                                     state) in ('compiled', 'recompute')
 
     def params(self) -> KCLAParams:
         """What the fast implementations read, as they read it now

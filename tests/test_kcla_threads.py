@@ -6,14 +6,13 @@ the thread count: forward values, states, running statistics and every
 gradient are bit for bit those of one thread."""
 import os
 import re
-import struct
 
 import pytest
 import torch
 
 from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers import KCLALayer, KCLAState
-from helpers import assert_close_to_max, incoming_state
+from helpers import assert_close_to_max, dynamic_symbols, incoming_state
 from official_reference import randomise_
 
 if os.environ.get('KCLA_MM_NO_EXTENSION', '0') not in ('', '0'):
@@ -186,32 +185,6 @@ def test_backbone_inference_does_not_depend_on_threads(ext):
             return {f'stage {i}': y for i, y in enumerate(model(x))}
 
     assert_bitwise_equal(at_each_thread_count(run))
-
-
-def dynamic_symbols(path):
-    """(defined, undefined): the names in an ELF64 little-endian shared
-    object's dynamic symbol table (what `nm -D` lists), versions dropped."""
-    with open(path, 'rb') as f:
-        data = f.read()
-    assert data[:4] == b'\x7fELF' and data[4] == 2 and data[5] == 1, (
-        f'{path} is not an ELF64 little-endian file')
-    shoff, = struct.unpack_from('<Q', data, 0x28)
-    shentsize, shnum = struct.unpack_from('<HH', data, 0x3A)
-    sections = [
-        struct.unpack_from('<IIQQQQIIQQ', data, shoff + i * shentsize)
-        for i in range(shnum)
-    ]
-    defined, undefined = set(), set()
-    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
-        if kind != 11:  # SHT_DYNSYM
-            continue
-        strtab = sections[link][4]
-        for pos in range(offset + entsize, offset + size, entsize):
-            name_at, _, _, shndx = struct.unpack_from('<IBBH', data, pos)
-            end = data.index(b'\0', strtab + name_at)
-            name = data[strtab + name_at:end].decode()
-            (defined if shndx else undefined).add(name)
-    return defined, undefined
 
 
 @requires_openmp_torch

@@ -1,5 +1,6 @@
 import os
 import os.path as osp
+import re
 import shutil
 import sys
 import warnings
@@ -75,6 +76,71 @@ def add_mim_extension() -> None:
             shutil.copyfile(src, dst)
 
 
+#: File names of the OpenMP runtimes torch links: GNU libgomp (pip wheels
+#: bundle it as torch/lib/libgomp.so.1 or, renamed by auditwheel,
+#: libgomp-<hash>.so.1), Intel's libiomp5 and LLVM's libomp (conda builds).
+OPENMP_RUNTIME = re.compile(
+    r'^lib(?:gomp|iomp5|omp)(?:-[0-9a-f]+)?\.so(?:\.[0-9]+)*$')
+
+
+def torch_openmp_runtime():
+    """The file of the OpenMP runtime that the running torch's CPU ops use,
+    or None where torch does not parallelise with OpenMP or it cannot be
+    found (only Linux's /proc/self/maps is read)."""
+    import torch
+    if 'parallel backend: OpenMP' not in torch.__config__.parallel_info():
+        return None
+    try:
+        with open('/proc/self/maps', encoding='utf-8') as f:
+            paths = {
+                fields[5]
+                for fields in (line.split(None, 5) for line in f)
+                if len(fields) == 6 and fields[5].startswith('/')
+            }
+    except OSError:
+        return None
+    runtimes = sorted(p.strip() for p in paths
+                      if OPENMP_RUNTIME.match(osp.basename(p.strip())))
+    # One is mapped after importing torch, normally; should MKL have brought
+    # a second, the one inside torch's own folders is the one it links.
+    torch_dir = osp.dirname(osp.dirname(osp.abspath(torch.__file__)))
+    own = [p for p in runtimes if p.startswith(torch_dir + os.sep)]
+    return (own or runtimes or [None])[0]
+
+
+#: The compile flags of the kernels without OpenMP threads: `omp simd`
+#: reductions still vectorise without -ffast-math, no runtime is involved,
+#: and every at::parallel_for runs serially.
+SERIAL_COMPILE_ARGS = ['-O3', '-fopenmp-simd']
+
+
+def openmp_build_args():
+    """(extra_compile_args, extra_link_args) that make the kernels'
+    at::parallel_for run on torch's intra-op threads, as torch's own CPU
+    ops do; ``SERIAL_COMPILE_ARGS`` and a warning where they cannot.
+
+    With torch's OpenMP backend, at::parallel_for is inlined from
+    ATen/ParallelOpenMP.h as `#pragma omp parallel` under `#ifdef _OPENMP`:
+    compiled without -fopenmp it runs the whole range on one thread. The
+    module is compiled with -fopenmp but linked to the runtime file torch
+    itself loaded, not the compiler's libgomp (what `-fopenmp` at link time
+    would add): its symbol versions are checked against the runtime that
+    will run them, and the DT_NEEDED entry is that file's SONAME, which the
+    dynamic loader finds already loaded by libtorch_cpu (kcla_mm imports
+    torch first), so no second OpenMP runtime, with its own thread pool
+    and thread count, is loaded. No rpath: the absolute path of the build's
+    torch has no place in a wheel.
+    """
+    runtime = torch_openmp_runtime()
+    if runtime is None:
+        warnings.warn(
+            'kcla_mm: no OpenMP runtime of torch found (torch without its '
+            'OpenMP backend, or not Linux): the compiled KCLA kernels are '
+            'built without OpenMP and run on one thread')
+        return SERIAL_COMPILE_ARGS, []
+    return ['-O3', '-fopenmp'], [runtime]
+
+
 def extension_modules() -> list:
     """The C++ kernels of the compiled KCLA layer (kcla_mm/csrc), where torch
     is importable at build time (setup installs with --no-build-isolation);
@@ -91,13 +157,13 @@ def extension_modules() -> list:
     # the running torch): an editable install builds it into the source
     # tree, which CI's two stacks (torch 2.13 and 2.1.2) share.
     major, minor = torch.__version__.split('.')[:2]
+    compile_args, link_args = openmp_build_args()
     return [
         CppExtension(
             f'{PACKAGE}._kcla_cpu_t{major}_{minor}',
             [f'{PACKAGE}/csrc/kcla_branch.cpp'],
-            # -fopenmp-simd: the kernels' `omp simd` reductions vectorise
-            # without -ffast-math (no OpenMP runtime is linked).
-            extra_compile_args=['-O3', '-fopenmp-simd'])
+            extra_compile_args=compile_args,
+            extra_link_args=link_args)
     ]
 
 
@@ -114,11 +180,33 @@ if ext_modules:
         def build_extensions(self):
             try:
                 super().build_extensions()
+                return
             except Exception as exc:  # noqa: B902  compiler errors vary
+                error = exc
+            if any('-fopenmp' in ext.extra_compile_args
+                   for ext in self.extensions):
+                # A compiler without -fopenmp (or a runtime it cannot link
+                # to): the kernels without threads, rather than none.
                 warnings.warn(
-                    f'kcla_mm: the compiled KCLA kernels were not built '
-                    f'({exc!r}); kcla_mm runs its pure-PyTorch layer. '
-                    'Install a C++ compiler and reinstall to build them.')
+                    f'kcla_mm: the compiled KCLA kernels could not be built '
+                    f'with OpenMP ({error!r}); building them without it: '
+                    'they run on one thread.')
+                for ext in self.extensions:
+                    ext.extra_compile_args = [
+                        arg for arg in ext.extra_compile_args
+                        if arg not in ('-O3', '-fopenmp')
+                    ] + SERIAL_COMPILE_ARGS
+                    ext.extra_link_args = []
+                self.force = True  # objects compiled with -fopenmp
+                try:
+                    super().build_extensions()
+                    return
+                except Exception as exc:  # noqa: B902
+                    error = exc
+            warnings.warn(
+                f'kcla_mm: the compiled KCLA kernels were not built '
+                f'({error!r}); kcla_mm runs its pure-PyTorch layer. '
+                'Install a C++ compiler and reinstall to build them.')
 
     cmdclass['build_ext'] = OptionalBuildExtension
 

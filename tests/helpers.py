@@ -3,6 +3,7 @@ import importlib.util
 import os
 import os.path as osp
 import socket
+import struct
 import subprocess
 from types import ModuleType
 from typing import List
@@ -212,3 +213,29 @@ def skip_module_without_extension(why: str) -> None:
             'KCLA_MM_NO_EXTENSION is set: kcla_mm was installed without its '
             f'C++ kernels, {why}',
             allow_module_level=True)
+
+
+def dynamic_symbols(path):
+    """(defined, undefined): the names in an ELF64 little-endian shared
+    object's dynamic symbol table (what `nm -D` lists), versions dropped."""
+    with open(path, 'rb') as f:
+        data = f.read()
+    assert data[:4] == b'\x7fELF' and data[4] == 2 and data[5] == 1, (
+        f'{path} is not an ELF64 little-endian file')
+    shoff, = struct.unpack_from('<Q', data, 0x28)
+    shentsize, shnum = struct.unpack_from('<HH', data, 0x3A)
+    sections = [
+        struct.unpack_from('<IIQQQQIIQQ', data, shoff + i * shentsize)
+        for i in range(shnum)
+    ]
+    defined, undefined = set(), set()
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 11:  # SHT_DYNSYM
+            continue
+        strtab = sections[link][4]
+        for pos in range(offset + entsize, offset + size, entsize):
+            name_at, _, _, shndx = struct.unpack_from('<IBBH', data, pos)
+            end = data.index(b'\0', strtab + name_at)
+            name = data[strtab + name_at:end].decode()
+            (defined if shndx else undefined).add(name)
+    return defined, undefined

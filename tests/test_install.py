@@ -14,7 +14,7 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from helpers import ROOT
+from helpers import ROOT, dynamic_symbols
 
 # Checks of the installed environment rather than of kcla_mm's code: in an
 # environment other than the two locked stacks, `pytest -m "not env"`.
@@ -334,3 +334,30 @@ def test_wheel_builds_without_a_compiler(tmp_path):
         tmp_path, env=dict(CXX='/nonexistent/c++', CC='/nonexistent/cc'))
     assert extension_files(wheel) == []
     assert 'the compiled KCLA kernels were not built' in output
+
+
+@pytest.mark.slow
+def test_wheel_builds_serial_kernels_without_openmp(tmp_path):
+    """A compiler without -fopenmp (Apple's clang, say): the kernels are
+    still built, without OpenMP (their at::parallel_for then runs on one
+    thread), and the output says so."""
+    compiler = shutil.which('c++') or shutil.which('g++')
+    assert compiler, 'no C++ compiler'
+    wrapper = tmp_path / 'c++-without-openmp'
+    wrapper.write_text(
+        '#!/bin/sh\n'
+        'for arg in "$@"; do\n'
+        '  if [ "$arg" = -fopenmp ]; then\n'
+        '    echo "c++: error: unsupported option \'-fopenmp\'" >&2\n'
+        '    exit 1\n'
+        '  fi\n'
+        'done\n'
+        f'exec {compiler} "$@"\n')
+    wrapper.chmod(0o755)
+    wheel, output = build_wheel(tmp_path, env=dict(CXX=str(wrapper)))
+    assert 'could not be built with OpenMP' in output
+    (name, ) = extension_files(wheel)
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract(name, tmp_path / 'unpacked')
+    _, undefined = dynamic_symbols(tmp_path / 'unpacked' / name)
+    assert 'GOMP_parallel' not in undefined

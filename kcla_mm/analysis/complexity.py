@@ -14,6 +14,7 @@ per input element. Other elementwise ops and reductions (mul, div, sum,
 norm) stay uncounted, as fvcore leaves the ResNet's own ReLU and residual
 add uncounted.
 """
+import dataclasses
 from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
@@ -78,7 +79,8 @@ def eval_forward_with_hooks(model: nn.Module, inputs: Tensor,
 
 def tensor_bytes(obj) -> int:
     """Bytes of the distinct storages of the tensors in ``obj`` (a tensor
-    or a nest of tuples/lists/dicts of them)."""
+    or a nest of tuples/lists/dicts/dataclasses such as ``KCLAState`` of
+    them)."""
     storages: Dict[int, int] = {}
 
     def visit(o):
@@ -88,6 +90,9 @@ def tensor_bytes(obj) -> int:
         elif isinstance(o, (tuple, list)):
             for item in o:
                 visit(item)
+        elif dataclasses.is_dataclass(o):
+            for field in dataclasses.fields(o):
+                visit(getattr(o, field.name))
         elif isinstance(o, dict):
             for item in o.values():
                 visit(item)

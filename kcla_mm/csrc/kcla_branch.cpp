@@ -17,6 +17,14 @@
 //                                                    optional branch scale)
 // The pure-PyTorch layer (kcla/layer.py, forward_reference) is the oracle
 // these are tested against (tests/test_kcla_compiled.py).
+//
+// Threads: every at::parallel_for splits whole planes (setup.py builds with
+// -fopenmp, against torch's OpenMP runtime), and a plane's sums run in one
+// thread in a fixed order (kBlock blocks; no alignment peeling, which would
+// make them depend on a scratch buffer's address). What spans planes (the
+// batch statistics, the parameters' gradients) is summed after the
+// parallel loop, serially, in plane order: results are bit for bit the same
+// for any thread count (tests/test_kcla_threads.py).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>

@@ -70,11 +70,27 @@ class KCLAParams(NamedTuple):
         ||K_h||, of shape (N, heads)."""
         return torch.exp(torch.clamp(key_norm / self.tau, max=self.clamp))
 
-    def renorm_parameters(self) -> Iterator[nn.Parameter]:
-        """The parameters that Algorithm 1 reads."""
+    def renorm_parameters(self) -> Iterator[Tensor]:
+        """The parameters that Algorithm 1 reads, by attribute: a wrapper
+        that flattens parameters (FSDP with ``use_orig_params=False``)
+        leaves ``module.parameters()`` empty but sets the attributes to
+        views of its flat parameter, which are what the modules compute
+        with."""
         for module in (self.state_adapt, self.state_norm, self.state_key_conv):
-            if module is not None:
-                yield from module.parameters()
+            if module is None:
+                continue
+            named = [
+                getattr(module, 'weight', None),
+                getattr(module, 'bias', None)
+            ]
+            # A conv from ``conv_cfg`` may hold more than weight and bias.
+            others = [
+                p for p in module.parameters()
+                if not any(p is t for t in named)
+            ]
+            for t in named + others:
+                if t is not None:
+                    yield t
 
     def branch_parameters(self) -> Iterator[Tensor]:
         """The parameters that the state update and the branch read (the

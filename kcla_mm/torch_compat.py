@@ -8,6 +8,7 @@ module when called, so that importing kcla_mm does not import
 torch.distributed.
 """
 import importlib.util
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -45,6 +46,22 @@ def autocast_enabled_by_device_query(device_type: str) -> bool:
         return torch.is_autocast_enabled()
     query = getattr(torch, f'is_autocast_{device_type}_enabled', None)
     return bool(query()) if query is not None else False
+
+
+def is_compiling() -> bool:
+    """Whether torch.compile (dynamo) is tracing the caller.
+
+    ``torch.compiler.is_compiling`` from torch 2.3, ``torch._dynamo``'s
+    before it (not imported here: where nothing imported dynamo, nothing is
+    compiling). Dynamo folds either to True while tracing, so a branch on
+    it costs no graph break.
+    """
+    query = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)
+    if query is not None:
+        return query()
+    # Not getattr(torch, '_dynamo'): torch 2.1 would import it then.
+    dynamo = sys.modules.get('torch._dynamo')
+    return dynamo is not None and dynamo.is_compiling()
 
 
 def has_mem_tracker() -> bool:

@@ -15,6 +15,8 @@ from typing import ContextManager, Dict
 import torch
 from torch.profiler import record_function
 
+from ...torch_compat import is_compiling
+
 __all__ = ['PREFIX', 'PHASES', 'phase']
 
 #: The prefix of every label.
@@ -38,7 +40,9 @@ _NO_LABEL = contextlib.nullcontext()
 
 def phase(name: str) -> ContextManager:
     """A ``record_function`` label ``'kcla::<name>'`` (``name`` one of
-    :data:`PHASES`) while an autograd profiler runs, else a no-op."""
-    if torch.autograd._profiler_enabled():
+    :data:`PHASES`) while an autograd profiler runs, else a no-op; never
+    under torch.compile, whose tracer would break the graph at the
+    profiler query."""
+    if not is_compiling() and torch.autograd._profiler_enabled():
         return record_function(PREFIX + name)
     return _NO_LABEL

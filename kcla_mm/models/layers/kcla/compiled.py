@@ -32,7 +32,7 @@ import torch.nn as nn
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ....torch_compat import is_autocast_enabled
+from ....torch_compat import is_autocast_enabled, is_compiling
 from ..attention_branch import drop_path_mask
 from ..profiling import phase
 from .fused import renormalise_in_forward
@@ -116,12 +116,15 @@ def _state_matches(x: Tensor, state: Optional[KCLAState]) -> bool:
 
 
 #: What the kernels need of a call, in the order they are checked:
-#: (condition, test(p, x, state)). :func:`compiled_unmet` names the
-#: first that does not hold. Never under ``torch.jit.trace`` (FLOP
-#: counting, ONNX export): the tracer cannot see into the kernels and
-#: would record their outputs as constants. A training BN over one value
+#: (condition, test(params, x, state)). :func:`compiled_unmet` names the
+#: first that does not hold. Never under torch.compile (dynamo cannot
+#: trace into the extension and would break the graph at every call; the
+#: fused path compiles whole) nor ``torch.jit.trace`` (FLOP counting, ONNX
+#: export): the tracer cannot see into the kernels and would record their
+#: outputs as constants. A training BN over one value
 #: per channel is left to PyTorch's, which refuses it.
 COMPILED_CONDITIONS: Tuple[Tuple[str, Callable[..., bool]], ...] = (
+    ('not under torch.compile', lambda p, x, state: not is_compiling()),
     ('the C++ extension is available',
      lambda p, x, state: extension() is not None),
     ('not under torch.jit.trace',

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ....torch_compat import is_autocast_enabled
+from ....torch_compat import is_autocast_enabled, is_compiling
 from ..attention_branch import (drop_path_mask, head_scaled_add,
                                 masked_residual_add, scale_branch)
 from ..profiling import phase
@@ -43,9 +43,11 @@ from .state import STATE_EPS, KCLAState
 
 def replayable(p: KCLAParams, x: Tensor) -> bool:
     """Whether :func:`recomputed_forward` applies: a train step (something
-    to differentiate), no autocast, and a norm that can be replayed
-    locally."""
-    if not torch.is_grad_enabled() or is_autocast_enabled(x.device.type):
+    to differentiate), no autocast, not under torch.compile (the tape's
+    side effects would break the graph at every layer; the fused path
+    compiles whole), and a norm that can be replayed locally."""
+    if (not torch.is_grad_enabled() or is_compiling()
+            or is_autocast_enabled(x.device.type)):
         return False
     if isinstance(p.norm, nn.SyncBatchNorm):
         return False

@@ -12,8 +12,7 @@ import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 
-from kcla_mm.analysis.benchmark import (can_measure_peak_rss, peak_rss,
-                                        reset_peak_rss)
+from kcla_mm.analysis.benchmark import can_measure_peak_rss
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
 from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
@@ -164,17 +163,27 @@ def test_benchmark_backbone_memory_rows(benchmark_tool, capsys):
     assert table['activation memory'][1][1] > 1
 
 
+PEAK_PROBE = """
+import torch
+from kcla_mm.analysis.benchmark import peak_rss, reset_peak_rss
+before = reset_peak_rss()
+x = torch.ones(64 * 2**20 // 4)  # 64 MiB, mapped and touched
+del x
+print('grown', peak_rss() - before)
+"""
+
+
 @pytest.mark.skipif(
     not osp.isfile('/proc/self/clear_refs'),
     reason='the peak RSS growth resets /proc/self/clear_refs (Linux)')
 def test_peak_growth_counts_a_large_allocation():
     """The reset high-water mark sees memory that is allocated, touched
-    and given back between two readings."""
+    and given back between two readings. In a fresh process, as the
+    benchmark measures: in this one, freed heap that is still resident
+    could serve the allocation without raising the RSS."""
     assert can_measure_peak_rss()
-    before = reset_peak_rss()
-    x = torch.ones(64 * 2**20 // 4)  # 64 MiB, mapped and touched
-    del x
-    grown = peak_rss() - before
+    log = output_of(sys.executable, '-c', PEAK_PROBE)
+    grown = int(re.search(r'grown (-?\d+)', log)[1])
     assert 60 * 2**20 < grown < 200 * 2**20, grown
 
 

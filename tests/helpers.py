@@ -71,6 +71,18 @@ def small_backbone(cls, depth: int = 18, **kwargs):
     return cls(depth=depth, **kwargs)
 
 
+def small_kcla(implementation: str) -> KCLAResNet:
+    """A narrow KCLA-ResNet-18 (base 16, head_dim 16, no drop path, BN
+    training) with the same weights at every call, for wrapping tests."""
+    torch.manual_seed(0)
+    return small_backbone(
+        KCLAResNet,
+        head_dim=16,
+        kcla_drop_path=0.,
+        norm_eval=False,
+        kcla_implementation=implementation)
+
+
 def assert_close_to_max(ours, ref, tol: float, rtol: float = None) -> None:
     """Close within ``tol`` of the largest entry of ``ref``: the KCLA state
     sums layer weights up to e^10, so entries span many magnitudes."""

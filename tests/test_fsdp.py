@@ -12,8 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kcla_mm.models import KCLAResNet
-from helpers import free_port
+from helpers import free_port, small_kcla
 
 
 @pytest.fixture(scope='module')
@@ -36,17 +35,6 @@ def process_group():
                     f'{torch.__version__}: {exc!r}')
     yield
     dist.destroy_process_group()
-
-
-def small_kcla(implementation):
-    torch.manual_seed(0)
-    return KCLAResNet(
-        depth=18,
-        base_channels=16,
-        head_dim=16,
-        kcla_drop_path=0.,
-        norm_eval=False,
-        kcla_implementation=implementation).train()
 
 
 def sgd_step(model, x):

@@ -6,8 +6,7 @@ eager one does."""
 import pytest
 import torch
 
-from kcla_mm.models import KCLAResNet
-from helpers import assert_close_to_max
+from helpers import assert_close_to_max, small_kcla
 
 IMPLEMENTATIONS = ['auto', 'recompute', 'fused']
 
@@ -18,17 +17,6 @@ pytestmark = pytest.mark.skipif(
     not hasattr(torch.compiler, 'is_compiling'),
     reason=f'torch.compile of KCLA layers needs torch >= 2.3 '
     f'(torch.compiler.is_compiling); this is {torch.__version__}')
-
-
-def small_kcla(implementation):
-    torch.manual_seed(0)
-    return KCLAResNet(
-        depth=18,
-        base_channels=16,
-        head_dim=16,
-        kcla_drop_path=0.,
-        norm_eval=False,
-        kcla_implementation=implementation)
 
 
 def train_loss(model, x):

@@ -125,12 +125,6 @@ class StateTape:
         return self.cache[step] if keep else self.cache.pop(step)
 
 
-def tape_position(state: KCLAState) -> Optional[Tuple[StateTape, int]]:
-    """The tape and step that ``state.u`` came from, if a recomputing
-    layer made it (:attr:`.KCLAState.tape`)."""
-    return state.tape
-
-
 class RecomputedUpdate(torch.autograd.Function):
     """(x, U^{t-1}, w, scale, mask, *params) -> (x + branch, U^t), keeping
     for backward x, vectors and, only where no tape can recompute it,
@@ -281,13 +275,13 @@ def recomputed_forward(
     if state is None:
         tape = StateTape(lambda: None)
     elif p.renorm:
-        u, z = RecomputedRenorm.apply(p, tape_position(state), state.u,
-                                      state.z, *p.renorm_parameters())
+        u, z = RecomputedRenorm.apply(p, state.tape, state.u, state.z,
+                                      *p.renorm_parameters())
         if u.requires_grad:  # u.grad_fn is the node
             tape = StateTape(renormalised_start(u.grad_fn))
         state = KCLAState(u, z)
-    elif tape_position(state) is not None:
-        tape, step = tape_position(state)
+    elif state.tape is not None:
+        tape, step = state.tape
         step += 1
     keep_prev = step == 1 and tape.start is None
     with phase('pooled'):

@@ -64,6 +64,30 @@ def is_compiling() -> bool:
     return dynamo is not None and dynamo.is_compiling()
 
 
+def checkpoint_hooks_active() -> bool:
+    """Whether the caller runs inside a non-reentrant activation checkpoint
+    (``torch.utils.checkpoint`` with ``use_reentrant=False``,
+    ``checkpoint_wrapper``): its saved-tensor hooks are the innermost ones
+    set, and they let each saved tensor be unpacked only once.
+
+    torch 2.13 tells through ``_top_saved_tensors_default_hooks``; torch
+    2.1 has no such query, and there it is False.
+    """
+    query = getattr(torch._C._autograd, '_top_saved_tensors_default_hooks',
+                    None)
+    hooks = query(True) if query is not None else None
+    return (hooks is not None and getattr(hooks[0], '__module__', None)
+            == 'torch.utils.checkpoint')
+
+
+def in_process_group() -> bool:
+    """Whether this process belongs to an initialised process group of more
+    than one process (where a wrapper may shard parameters)."""
+    dist = torch.distributed
+    return (dist.is_available() and dist.is_initialized()
+            and dist.get_world_size() > 1)
+
+
 def has_mem_tracker() -> bool:
     """Whether torch has ``torch.distributed._tools.mem_tracker.MemTracker``
     (torch 2.13 has it, torch 2.1 not), which accounts the peak memory of a

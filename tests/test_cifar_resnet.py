@@ -11,6 +11,7 @@ from mmdet.models.backbones.resnet import BasicBlock, Bottleneck
 from kcla_mm.models import (KCLAResNetCIFAR, LAResNetCIFAR,
                             MRLALightResNetCIFAR, ResNetCIFAR)
 from kcla_mm.models.layers import KCLALayer
+from kcla_mm.models.layers.cross_layer_block import cross_layer_block
 from kcla_mm.registry import register_backbone
 from helpers import requires_mmpretrain
 
@@ -42,6 +43,9 @@ def test_layout(cls, depth, block, blocks, expansion):
     assert isinstance(model.maxpool, nn.Identity)
     assert model.res_layers == ['layer1', 'layer2', 'layer3']
     block_cls = Bottleneck if block == 'Bottleneck' else BasicBlock
+    if cls is not ResNetCIFAR:
+        # Its cross-layer subclass, which calls the block's attention.
+        block_cls = cross_layer_block(block_cls)
     for name in model.res_layers:
         layer = getattr(model, name)
         assert len(layer) == blocks

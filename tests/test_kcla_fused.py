@@ -303,15 +303,16 @@ def test_backbone_implementations_agree(implementation):
 
 def test_forward_hook_on_a_block_keeps_its_output():
     """Feature extraction with a forward hook on ``layerN.J``: what the
-    hook holds is what the block returned."""
+    hook holds is what the block returned (the block calls its KCLA layer,
+    so that is the layer's output and state)."""
     model = KCLAResNet(depth=18, base_channels=16, head_dim=8).eval()
     held, copies = {}, {}
 
     def keep(name):
 
         def hook(module, args, out):
-            held[name] = out
-            copies[name] = out.clone()
+            held[name] = out[0]
+            copies[name] = out[0].clone()
 
         return hook
 

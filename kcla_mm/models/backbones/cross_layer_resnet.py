@@ -17,13 +17,13 @@ mmseg's, whose stages also take ``multi_grid`` and ``contract_dilation``
 from typing import Callable, Optional, Tuple
 
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from mmdet.models.backbones import ResNet
 from mmdet.models.layers import ResLayer
 from mmseg.models.backbones import ResNet as MMSegResNet
 from mmseg.models.utils import ResLayer as MMSegResLayer
 from torch import Tensor
 
+from ..layers.cross_layer_block import cross_layer_block
 from .arguments import check_flag, check_multi_grid, check_resnet_args, is_int
 from .errors import BackboneTypeError
 
@@ -31,26 +31,16 @@ from .errors import BackboneTypeError
 AttentionFactory = Callable[[int, int, Optional[int], int], nn.Module]
 
 
-def recomputes_backward(attention: nn.Module, x: Tensor, state) -> bool:
-    """Whether ``attention(x, state)`` recomputes its own backward, as a
-    module says through an optional ``recomputes_backward(x, state)``
-    method: such a call keeps little already, and its nodes read each
-    other's saved tensors, which a checkpoint would allow to be unpacked
-    only once; ``with_cp`` then leaves it out of the block's checkpoint."""
-    asks = getattr(attention, 'recomputes_backward', None)
-    return asks is not None and asks(x, state)
-
-
 class CrossLayerResLayerMixin:
     """A ResNet stage with a layer-attention module after every block.
 
     Put it before a ``ResLayer`` class in the bases. The blocks are built by
-    that ``ResLayer`` unchanged (so plain ResNet weights keep their
-    ``layerN.J.*`` keys); block ``J`` gets a child named ``attention_name``
-    that this stage calls after it, threading the state. A module that
-    has a method ``forward_with_block(block, x, state)`` is first asked to
-    run ``block`` and itself in one go: it returns ``(x, state)``, or None
-    (having run nothing) to have them run one after the other.
+    that ``ResLayer`` from the cross-layer subclass of the ResNet's block
+    class (:mod:`~kcla_mm.models.layers.cross_layer_block`: the same
+    modules, so plain ResNet weights keep their ``layerN.J.*`` keys);
+    block ``J`` gets a child named ``attention_name`` that it calls in its
+    own forward, ``block(x, state) -> (x, state)``, so that a wrapper of
+    the block (FSDP per block) covers its attention module too.
 
     Args:
         attention_name (str): Attribute name of the module on each block,
@@ -68,11 +58,13 @@ class CrossLayerResLayerMixin:
 
     def __init__(self, attention_name: str, make_attention: AttentionFactory,
                  in_state_channels: Optional[int], **kwargs):
+        kwargs['block'] = cross_layer_block(kwargs['block'])
         super().__init__(**kwargs)
         self.attention_name = attention_name
         channels = kwargs['planes'] * kwargs['block'].expansion
         for j, block in enumerate(self):
             first = j == 0
+            block.attention_name = attention_name
             setattr(
                 block, attention_name,
                 make_attention(channels, j,
@@ -81,22 +73,7 @@ class CrossLayerResLayerMixin:
 
     def forward(self, x: Tensor, state) -> Tuple[Tensor, object]:
         for block in self:
-            attention = getattr(block, self.attention_name)
-            # An attention module may run the block's end fused with
-            # itself (``forward_with_block``; None where it does not).
-            forward_with_block = getattr(attention, 'forward_with_block', None)
-            if forward_with_block is not None:
-                fused = forward_with_block(block, x, state)
-                if fused is not None:
-                    x, state = fused
-                    continue
-            x = block(x)
-            if (block.with_cp and x.requires_grad
-                    and not recomputes_backward(attention, x, state)):
-                x, state = cp.checkpoint(
-                    attention, x, state, use_reentrant=False)
-            else:
-                x, state = attention(x, state)
+            x, state = block(x, state)
         return x, state
 
 

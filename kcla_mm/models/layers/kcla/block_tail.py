@@ -12,7 +12,8 @@ block output, which nothing else holds.
 
 It applies only where nothing could tell the difference: no autograd, a
 block and layer in eval mode, one of mmdet's or mmseg's plain ``BasicBlock``
-/ ``Bottleneck`` classes exactly (a subclass may change ``forward``),
+/ ``Bottleneck`` classes or their cross-layer versions exactly (any other
+subclass may change ``forward``),
 without plugins, a BatchNorm with running statistics at its end, no hooks
 on the block, its last norm, its ReLU or the layer (nor global module
 hooks: they would not see the skipped calls), and the layer's compiled
@@ -32,6 +33,7 @@ from torch import Tensor
 from torch.nn.modules import module as module_hooks
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..cross_layer_block import CROSS_LAYER_BLOCKS
 from .compiled import compiled_applies, compiled_forward, extension
 from .state import KCLAState
 
@@ -40,6 +42,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 BASIC_BLOCKS = (BasicBlock, MMSegBasicBlock)
 BOTTLENECKS = (Bottleneck, MMSegBottleneck)
+# Classes whose block body is exactly mmdet's or mmseg's.
+KNOWN_BLOCKS = frozenset(BASIC_BLOCKS + BOTTLENECKS +
+                         tuple(CROSS_LAYER_BLOCKS.values()))
 
 
 def has_hooks(module: nn.Module) -> bool:
@@ -54,14 +59,14 @@ def has_hooks(module: nn.Module) -> bool:
 
 def tail_norm(block: nn.Module) -> nn.Module:
     """The norm before the block's residual add."""
-    return block.norm3 if type(block) in BOTTLENECKS else block.norm2
+    return block.norm3 if isinstance(block, BOTTLENECKS) else block.norm2
 
 
 def tail_fuses(block: nn.Module, layer: 'KCLALayer', x: Tensor,
                state: Optional[KCLAState]) -> bool:
     """Whether :func:`fused_block_and_kcla` applies (module docstring)."""
     if (torch.is_grad_enabled()
-            or type(block) not in BASIC_BLOCKS + BOTTLENECKS):
+            or type(block) not in KNOWN_BLOCKS):
         return False
     norm = tail_norm(block)
     return (not block.training and not layer.training
@@ -85,7 +90,7 @@ def fused_block_and_kcla(
         return None
     # The block's forward (mmdet's and mmseg's alike) up to its last conv.
     out = block.relu(block.norm1(block.conv1(x)))
-    if type(block) in BOTTLENECKS:
+    if isinstance(block, BOTTLENECKS):
         out = block.relu(block.norm2(block.conv2(out)))
         pre = block.conv3(out)
     else:

@@ -7,11 +7,64 @@ An implementation sees exactly these tensors, modules and settings, and an
 autograd node that recomputes in backward keeps the bundle of its forward
 pass, so the replay reads the tensors that the forward pass read.
 """
-from typing import Iterator, NamedTuple, Optional
+import contextlib
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 from torch import Tensor
+
+#: (module, attribute name, tensor): a tensor a module computes with.
+TensorAttribute = Tuple[nn.Module, str, Tensor]
+
+
+def tensor_attributes(module: nn.Module) -> List[TensorAttribute]:
+    """What ``module`` computes with: its ``weight`` and ``bias``
+    attributes (parameters or, under a flattening wrapper, views), then any
+    other parameter it or its children register (a conv from ``conv_cfg``
+    may hold more)."""
+    found = []
+    for name in ('weight', 'bias'):
+        t = getattr(module, name, None)
+        if isinstance(t, Tensor):
+            found.append((module, name, t))
+    for qualified, t in module.named_parameters():
+        if any(t is seen for _, _, seen in found):
+            continue
+        path, _, name = qualified.rpartition('.')
+        found.append((module.get_submodule(path) if path else module, name, t))
+    return found
+
+
+@contextlib.contextmanager
+def bound_tensors(attributes: Sequence[TensorAttribute],
+                  tensors: Sequence[Tensor]):
+    """Sets each ``(module, name, _)`` of ``attributes`` to the matching
+    tensor of ``tensors`` for the duration, then restores what was there.
+
+    A backward pass that replays a forward computation must compute with
+    the tensors the forward pass used (saved with its node), not with what
+    the modules hold by then: a wrapper may have replaced their parameters
+    with new views (FSDP1) or shards (FSDP2) in between, and gradients of
+    the replay must reach the saved ones."""
+    restore = []
+    try:
+        for (module, name, _), t in zip(attributes, tensors):
+            store = (
+                module._parameters
+                if name in module._parameters else module.__dict__)
+            restore.append((store, name, store.get(name, _ABSENT)))
+            store[name] = t
+        yield
+    finally:
+        for store, name, old in reversed(restore):
+            if old is _ABSENT:
+                del store[name]
+            else:
+                store[name] = old
+
+
+_ABSENT = object()
 
 
 class KCLAParams(NamedTuple):
@@ -70,32 +123,32 @@ class KCLAParams(NamedTuple):
         ||K_h||, of shape (N, heads)."""
         return torch.exp(torch.clamp(key_norm / self.tau, max=self.clamp))
 
+    def renorm_attributes(self) -> List[TensorAttribute]:
+        """Where Algorithm 1's parameters live: (module, name, tensor) of
+        its adapter, norm and ECA conv1d, by attribute. A wrapper that
+        flattens parameters (FSDP with ``use_orig_params=False``) leaves
+        ``module.parameters()`` empty but sets the attributes to views of
+        its flat parameter, which are what the modules compute with."""
+        return [
+            found for module in (self.state_adapt, self.state_norm,
+                                 self.state_key_conv) if module is not None
+            for found in tensor_attributes(module)
+        ]
+
     def renorm_parameters(self) -> Iterator[Tensor]:
-        """The parameters that Algorithm 1 reads, by attribute: a wrapper
-        that flattens parameters (FSDP with ``use_orig_params=False``)
-        leaves ``module.parameters()`` empty but sets the attributes to
-        views of its flat parameter, which are what the modules compute
-        with."""
-        for module in (self.state_adapt, self.state_norm, self.state_key_conv):
-            if module is None:
-                continue
-            named = [
-                getattr(module, 'weight', None),
-                getattr(module, 'bias', None)
-            ]
-            # A conv from ``conv_cfg`` may hold more than weight and bias.
-            others = [
-                p for p in module.parameters()
-                if not any(p is t for t in named)
-            ]
-            for t in named + others:
-                if t is not None:
-                    yield t
+        """The tensors of :meth:`renorm_attributes`."""
+        return (t for _, _, t in self.renorm_attributes())
+
+    def norm_attributes(self) -> List[TensorAttribute]:
+        """(module, name, tensor) of the branch norm's parameters."""
+        return tensor_attributes(self.norm)
 
     def branch_parameters(self) -> Iterator[Tensor]:
-        """The parameters that the state update and the branch read (the
-        depthwise kernel, the norm's affine weights, the branch scale)."""
-        for t in (self.value_weight, getattr(self.norm, 'weight', None),
-                  getattr(self.norm, 'bias', None), self.branch_scale):
-            if t is not None:
-                yield t
+        """The parameters that the state update and the branch read: the
+        depthwise kernel, the norm's (:meth:`norm_attributes`), then the
+        branch scale if any."""
+        yield self.value_weight
+        for _, _, t in self.norm_attributes():
+            yield t
+        if self.branch_scale is not None:
+            yield self.branch_scale

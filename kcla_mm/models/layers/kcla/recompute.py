@@ -31,13 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ....torch_compat import is_autocast_enabled, is_compiling
+from ....torch_compat import (in_process_group, is_autocast_enabled,
+                              is_compiling, checkpoint_hooks_active)
 from ..attention_branch import (drop_path_mask, head_scaled_add,
                                 masked_residual_add, scale_branch)
 from ..profiling import phase
 from .fused import (folded_value, fused_forward, fused_query_key,
                     fused_renormalise, gate_and_weight)
-from .params import KCLAParams
+from .params import KCLAParams, bound_tensors
 from .state import STATE_EPS, KCLAState
 
 
@@ -45,9 +46,13 @@ def replayable(p: KCLAParams, x: Tensor) -> bool:
     """Whether :func:`recomputed_forward` applies: a train step (something
     to differentiate), no autocast, not under torch.compile (the tape's
     side effects would break the graph at every layer; the fused path
-    compiles whole), and a norm that can be replayed locally."""
+    compiles whole), no activation checkpoint around the layer (it lets
+    each saved tensor be unpacked once, and the tape unpacks other nodes'
+    tensors; torch 2.1 cannot tell, and the checkpoint then stops with its
+    own error), and a norm that can be replayed locally."""
     if (not torch.is_grad_enabled() or is_compiling()
-            or is_autocast_enabled(x.device.type)):
+            or is_autocast_enabled(x.device.type)
+            or checkpoint_hooks_active()):
         return False
     if isinstance(p.norm, nn.SyncBatchNorm):
         return False
@@ -137,6 +142,7 @@ class RecomputedUpdate(torch.autograd.Function):
                 nn.Parameter) -> Tuple[Tensor, Tensor]:
         ctx.params, ctx.tape, ctx.step = p, tape, step
         ctx.keep_prev = keep_prev
+        ctx.norm_attributes = where(p.norm_attributes())
         ctx.set_materialize_grads(False)
         tape.record(step, ctx)
         ctx.save_for_backward(x, u_prev if keep_prev else None, w, scale, mask,
@@ -156,7 +162,10 @@ class RecomputedUpdate(torch.autograd.Function):
             None if t is None else t.detach().requires_grad_(need)
             for t, need in zip((x, u_prev, w, scale), needs[4:8])
         ]
-        with torch.enable_grad():
+        # params: the depthwise kernel, the norm's, the branch scale.
+        norm_tensors = params[1:1 + len(ctx.norm_attributes)]
+        with torch.enable_grad(), bound_tensors(ctx.norm_attributes,
+                                                norm_tensors):
             outputs = update_and_branch(ctx.params, *inputs, mask, True)
         with phase('backward'):
             grads = grads_of(outputs, (grad_x, grad_u), inputs + params)
@@ -174,6 +183,7 @@ class RecomputedRenorm(torch.autograd.Function):
                                                            int]], u: Tensor,
                 z: Tensor, *params: nn.Parameter) -> Tuple[Tensor, Tensor]:
         ctx.params, ctx.source = p, source
+        ctx.renorm_attributes = where(p.renorm_attributes())
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(None if source else u, z, *params)
         with phase('renormalise'):
@@ -199,7 +209,8 @@ class RecomputedRenorm(torch.autograd.Function):
                     RecomputedRenorm.incoming_state(ctx, False),
                     ctx.needs_input_grad[2:4])
             ]
-            with torch.enable_grad(), phase('renormalise'):
+            with torch.enable_grad(), phase('renormalise'), bound_tensors(
+                    ctx.renorm_attributes, ctx.saved_tensors[2:]):
                 outputs = fused_renormalise(ctx.params, KCLAState(*inputs),
                                             replay_norm(ctx.params.state_norm))
             ctx.replayed = (inputs, outputs)
@@ -213,6 +224,12 @@ class RecomputedRenorm(torch.autograd.Function):
         with phase('backward'):
             return (None, None, *grads_of(outputs,
                                           (grad_u, grad_z), inputs + params))
+
+
+def where(attributes) -> List[Tuple[nn.Module, str, None]]:
+    """(module, name) of each tensor attribute, without the tensor (a node
+    keeps the tensors as saved tensors, which saved-tensor hooks see)."""
+    return [(module, name, None) for module, name, _ in attributes]
 
 
 def renormalised_start(node) -> Callable[[], Tensor]:
@@ -277,7 +294,10 @@ def recomputed_forward(
     elif p.renorm:
         u, z = RecomputedRenorm.apply(p, state.tape, state.u, state.z,
                                       *p.renorm_parameters())
-        if u.requires_grad:  # u.grad_fn is the node
+        # Where a wrapper may shard Algorithm 1's parameters away until
+        # this layer's own backward (FSDP per block, in a process group),
+        # the later layers cannot replay it: the first node keeps the start.
+        if u.requires_grad and not in_process_group():
             tape = StateTape(renormalised_start(u.grad_fn))
         state = KCLAState(u, z)
     elif state.tape is not None:

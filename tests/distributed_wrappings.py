@@ -129,23 +129,25 @@ def ddp(model):
 WRAPPINGS = {
     'ddp': (ddp, False),
     'ddp-with_cp': (ddp, True),
-    'ddp-checkpoint-block': (lambda m: checkpointed(m, block_classes()),
-                             False),
+    'ddp-checkpoint-block':
+    (lambda m: checkpointed(m, block_classes()), False),
     'ddp-checkpoint-layer': (lambda m: checkpointed(m, attention_classes()),
                              False),
     'fsdp1-whole': (fsdp1, False),
-    'fsdp1-whole-orig': (functools.partial(fsdp1, use_orig_params=True),
-                         False),
+    'fsdp1-whole-orig': (functools.partial(fsdp1,
+                                           use_orig_params=True), False),
     'fsdp1-block': (lambda m: fsdp1(m, block_classes()), False),
     'fsdp1-block-orig':
     (lambda m: fsdp1(m, block_classes(), use_orig_params=True), False),
     'fsdp1-stage': (lambda m: fsdp1(m, (stage_class(), )), False),
     'fsdp1-block-layer':
-    (lambda m: fsdp1(m, block_classes() + attention_classes()), False),
+    (lambda m: fsdp1(m,
+                     block_classes() + attention_classes()), False),
     'fsdp2-block': (lambda m: fsdp2(m, block_classes()), False),
     'fsdp2-stage': (lambda m: fsdp2(m, (stage_class(), )), False),
     'fsdp2-block-layer':
-    (lambda m: fsdp2(m, block_classes() + attention_classes()), False),
+    (lambda m: fsdp2(m,
+                     block_classes() + attention_classes()), False),
 }
 
 
@@ -190,12 +192,12 @@ def run_case(case: str, rank: int, world: int) -> dict:
     for k, v in want.items():
         # Floor: a parameter that barely moves gives a noisy ratio.
         moved = max((v - start[k]).abs().max().item(), 1e-4)
-        update_diff = max(
-            update_diff,
-            ((got[k] - start[k]) - (v - start[k])).abs().max().item() / moved)
+        update_diff = max(update_diff,
+                          ((got[k] - start[k]) -
+                           (v - start[k])).abs().max().item() / moved)
     return {
-        'max_diff':
-        max((got[k] - v).abs().max().item() for k, v in want.items()),
+        'max_diff': max(
+            (got[k] - v).abs().max().item() for k, v in want.items()),
         'max_update_diff': update_diff
     }
 

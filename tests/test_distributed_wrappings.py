@@ -48,8 +48,8 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp('wrappings') / 'results.json'
     env = dict(os.environ, OMP_NUM_THREADS='1')
     proc = subprocess.run([
-        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node',
-        '2', '--master_addr', '127.0.0.1', '--master_port',
+        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+        '--master_addr', '127.0.0.1', '--master_port',
         str(free_port()),
         os.path.join(HERE, 'distributed_wrappings.py'),
         str(out), *cases

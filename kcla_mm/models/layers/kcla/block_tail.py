@@ -65,8 +65,7 @@ def tail_norm(block: nn.Module) -> nn.Module:
 def tail_fuses(block: nn.Module, layer: 'KCLALayer', x: Tensor,
                state: Optional[KCLAState]) -> bool:
     """Whether :func:`fused_block_and_kcla` applies (module docstring)."""
-    if (torch.is_grad_enabled()
-            or type(block) not in KNOWN_BLOCKS):
+    if (torch.is_grad_enabled() or type(block) not in KNOWN_BLOCKS):
         return False
     norm = tail_norm(block)
     return (not block.training and not layer.training

@@ -1,11 +1,12 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 """The decoder of the paper's segmentation network (UNet-KCLA)."""
-from typing import List, Sequence
+from collections import OrderedDict
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn import ConvModule
+from mmcv.cnn import build_activation_layer, build_conv_layer, build_norm_layer
 from mmseg.models.decode_heads.decode_head import BaseDecodeHead
 from mmseg.registry import MODELS
 from torch import Tensor
@@ -22,6 +23,24 @@ def pad_to(x: Tensor, size: Sequence[int]) -> Tensor:
     return F.pad(x, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2])
 
 
+def conv_norm_act(in_channels: int, out_channels: int,
+                  conv_cfg: Optional[dict], norm_cfg: Optional[dict],
+                  act_cfg: Optional[dict]) -> nn.Sequential:
+    """conv3x3 with a bias (as the official one, although a norm follows),
+    norm, activation; keys ``conv``, the norm's name (``bn`` for BN) and
+    ``activate``, as mmcv's ``ConvModule`` names them (which would warn
+    about the bias)."""
+    layers = OrderedDict(
+        conv=build_conv_layer(
+            conv_cfg, in_channels, out_channels, 3, padding=1, bias=True))
+    if norm_cfg is not None:
+        name, norm = build_norm_layer(norm_cfg, out_channels)
+        layers[name] = norm
+    if act_cfg is not None:
+        layers['activate'] = build_activation_layer(act_cfg)
+    return nn.Sequential(layers)
+
+
 class UNetPaperUp(nn.Module):
     """One step of the official decoder (its ``Up``): bilinear x2 with
     ``align_corners=True``, pad or crop to the skip's size, concatenate
@@ -31,16 +50,8 @@ class UNetPaperUp(nn.Module):
                  act_cfg):
         super().__init__()
         self.convs = nn.Sequential(*[
-            ConvModule(
-                channels,
-                out_channels,
-                3,
-                padding=1,
-                # The official convs have a bias, before their BN.
-                bias=True,
-                conv_cfg=conv_cfg,
-                norm_cfg=norm_cfg,
-                act_cfg=act_cfg) for channels in (in_channels, out_channels)
+            conv_norm_act(channels, out_channels, conv_cfg, norm_cfg, act_cfg)
+            for channels in (in_channels, out_channels)
         ])
 
     def forward(self, x: Tensor, skip: Tensor) -> Tensor:

@@ -88,6 +88,8 @@ class KCLAUNetLayer(BaseModule):
         norm_cfg (dict): Config of the branch's and the state's norms.
             Default: dict(type='BN').
         init_cfg (dict or list[dict], optional): Initialization config.
+            Default: Kaiming (fan_out, ReLU) for the 2-D convs, PyTorch's
+            own init for the 1-D ones, as the official network.
     """
 
     def __init__(self,
@@ -103,11 +105,7 @@ class KCLAUNetLayer(BaseModule):
                  zero_init_branch: bool = False,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),
-                 init_cfg=(dict(type='Kaiming', layer='Conv2d'),
-                           dict(
-                               type='Xavier',
-                               layer='Conv1d',
-                               distribution='uniform'))):
+                 init_cfg=dict(type='Kaiming', layer='Conv2d')):
         super().__init__(init_cfg=init_cfg_list(init_cfg))
         check_branch_args(channels, head_dim, drop_path)
         self.channels = channels

@@ -13,7 +13,8 @@ UPSTREAM = ('mmdet.models', 'mmdet.registry', 'mmseg.datasets',
                 ('mmpretrain.registry', ) if HAS_MMPRETRAIN else ())
 BACKBONES = ('KCLAResNet', 'LAResNet', 'MRLALightResNet', 'MRLALResNet',
              'ResNetCIFAR', 'KCLAResNetCIFAR', 'LAResNetCIFAR',
-             'MRLALightResNetCIFAR')
+             'MRLALightResNetCIFAR', 'ResNetUNetPaper', 'KCLAResNetUNetPaper',
+             'LAResNetUNetPaper', 'MRLALightResNetUNetPaper')
 
 PROBE = f'''
 import json, sys
@@ -30,7 +31,7 @@ except ImportError:
 print(json.dumps(dict(
     new=sorted(set(sys.modules) - before),
     det=[n for n in {BACKBONES!r} if DET.get(n) is not None],
-    seg=[n for n in {BACKBONES!r} + ('UNetHead', )
+    seg=[n for n in {BACKBONES!r} + ('UNetHead', 'UNetPaperHead')
          if SEG.get(n) is not None],
     pretrain=None if PRETRAIN is None else
     [n for n in {BACKBONES!r} if PRETRAIN.get(n) is not None],
@@ -51,7 +52,7 @@ def run_probe(code: str, *flags: str) -> subprocess.CompletedProcess:
 def test_import_registers_everything_and_loads_only_kcla_mm():
     out = json.loads(run_probe(PROBE).stdout.splitlines()[-1])
     assert out['det'] == list(BACKBONES)
-    assert out['seg'] == list(BACKBONES) + ['UNetHead']
+    assert out['seg'] == list(BACKBONES) + ['UNetHead', 'UNetPaperHead']
     # mmpretrain's registry has the backbones exactly where it is installed.
     assert out['pretrain'] == (list(BACKBONES) if HAS_MMPRETRAIN else None)
     assert out['datasets'] == [

@@ -2,13 +2,18 @@
 """Backbones, layers and heads; each class registers itself where it is
 defined (backbones in mmdet's and mmseg's MODELS, and mmpretrain's when
 it is installed; the UNet head in mmseg's)."""
-from .backbones import (KCLAResNet, KCLAResNetCIFAR, LAResNet, LAResNetCIFAR,
-                        MRLALightResNet, MRLALightResNetCIFAR, ResNetCIFAR)
-from .decode_heads import UNetHead
-from .layers import KCLALayer, KCLAState, LALayer, LAState, MRLALightLayer
+from .backbones import (KCLAResNet, KCLAResNetCIFAR, KCLAResNetUNetPaper,
+                        LAResNet, LAResNetCIFAR, LAResNetUNetPaper,
+                        MRLALightResNet, MRLALightResNetCIFAR,
+                        MRLALightResNetUNetPaper, ResNetCIFAR, ResNetUNetPaper)
+from .decode_heads import UNetHead, UNetPaperHead
+from .layers import (KCLALayer, KCLAState, KCLAUNetLayer, LALayer, LAState,
+                     MRLALightLayer)
 
 __all__ = [
-    'KCLAResNet', 'KCLAResNetCIFAR', 'KCLALayer', 'KCLAState', 'LAResNet',
-    'LAResNetCIFAR', 'LALayer', 'LAState', 'MRLALightLayer', 'MRLALightResNet',
-    'MRLALightResNetCIFAR', 'ResNetCIFAR', 'UNetHead'
+    'KCLAResNet', 'KCLAResNetCIFAR', 'KCLAResNetUNetPaper', 'KCLALayer',
+    'KCLAState', 'KCLAUNetLayer', 'LAResNet', 'LAResNetCIFAR',
+    'LAResNetUNetPaper', 'LALayer', 'LAState', 'MRLALightLayer',
+    'MRLALightResNet', 'MRLALightResNetCIFAR', 'MRLALightResNetUNetPaper',
+    'ResNetCIFAR', 'ResNetUNetPaper', 'UNetHead', 'UNetPaperHead'
 ]

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ....torch_compat import is_autocast_enabled, is_compiling
+from ....torch_compat import is_autocast_enabled, is_compiling, is_exporting
 from ..attention_branch import (drop_path_mask, head_scaled_add,
                                 masked_residual_add, scale_branch)
 from ..profiling import phase
@@ -45,8 +45,9 @@ def replayable(p: KCLAParams, x: Tensor) -> bool:
     """Whether :func:`recomputed_forward` applies: a train step (something
     to differentiate), no autocast, not under torch.compile (the tape's
     side effects would break the graph at every layer; the fused path
-    compiles whole), and a norm that can be replayed locally."""
-    if (not torch.is_grad_enabled() or is_compiling()
+    compiles whole), not while exporting (the autograd Function has no
+    symbolic), and a norm that can be replayed locally."""
+    if (not torch.is_grad_enabled() or is_compiling() or is_exporting()
             or is_autocast_enabled(x.device.type)):
         return False
     if isinstance(p.norm, nn.SyncBatchNorm):

@@ -514,9 +514,13 @@ def trace_torchscript(exportable: Exportable,
 def export_program(exportable: Exportable,
                    shape: Tuple[int, int],
                    batch: int = 1) -> Any:
-    """``torch.export.export`` of ``exportable`` at a fixed shape."""
-    if not hasattr(torch, 'export') or not hasattr(torch.export, 'export'):
-        raise ExportError(f'torch {torch.__version__} has no torch.export')
+    """``torch.export.export`` of ``exportable`` at a fixed shape (torch
+    >= 2.3)."""
+    if not hasattr(getattr(torch, 'compiler', None), 'is_compiling'):
+        raise ExportError(
+            f'torch.export of KCLA layers needs torch >= 2.3: torch '
+            f"{torch.__version__}'s torch.export runs dynamo, which cannot "
+            'trace the layer dispatch (use torch.jit.trace or ONNX there)')
     x = torch.rand(batch, 3, *shape)
     with torch.no_grad(), export_mode(exportable.module):
         return torch.export.export(exportable.module, (x, ))

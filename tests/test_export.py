@@ -138,17 +138,39 @@ def test_classifier_exports_its_logits(tmp_path):
     assert_attention_ops(tmp_path / 'c.onnx', exportable.module)
 
 
+def test_traced_layers_run_the_reference_equations():
+    """'auto' and 'recompute' step aside while traced; 'fused' asked for
+    stays (FLOP counts trace it), 'compiled' asked for refuses
+    (test_kcla_dispatch)."""
+    from kcla_mm.models import KCLAResNet
+    torch.manual_seed(0)
+    model = KCLAResNet(depth=18, base_channels=16, head_dim=8)
+    x = torch.rand(1, 3, 32, 32)
+    for implementation, want in [('auto', 'reference'),
+                                 ('recompute', 'reference'),
+                                 ('fused', 'fused')]:
+        for train in (False, True):
+            model.train(train)
+            for layer in kcla_layers(model):
+                layer.implementation = implementation
+            torch.jit.trace(model, (x, ), check_trace=False)
+            assert {m.last_implementation
+                    for m in kcla_layers(model)} == {want}
+
+
 @requires_onnx
-def test_compiled_layers_export_and_keep_their_implementation(tmp_path):
+@pytest.mark.parametrize('implementation', ['compiled', 'fused'])
+def test_compiled_and_fused_layers_export_and_keep_their_implementation(
+        implementation, tmp_path):
     from kcla_mm.deployment import build_exportable, export_onnx, verify_onnx
     exportable = build_exportable(config(UNET), None, True)
     layers = kcla_layers(exportable.module)
     for layer in layers:
-        layer.implementation = 'compiled'
-    export_onnx(exportable, str(tmp_path / 'b.onnx'), (64, 64))
-    assert all(layer.implementation == 'compiled' for layer in layers)
+        layer.implementation = implementation
+    export_onnx(exportable, str(tmp_path / 'b.onnx'), (64, 64), dynamic=True)
+    assert all(layer.implementation == implementation for layer in layers)
     assert all(layer.last_implementation == 'reference' for layer in layers)
-    verify_onnx(exportable, str(tmp_path / 'b.onnx'), (64, 64))
+    verify_onnx(exportable, str(tmp_path / 'b.onnx'), (64, 64), dynamic=True)
     assert_attention_ops(tmp_path / 'b.onnx', exportable.module)
 
 

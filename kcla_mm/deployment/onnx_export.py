@@ -283,20 +283,22 @@ def load_weights(model: nn.Module, checkpoint: str, config: str,
 @contextlib.contextmanager
 def export_mode(module: nn.Module) -> Iterator[None]:
     """KCLA layers built with ``implementation='compiled'`` (which refuses
-    to run while exporting) run ``'auto'`` meanwhile: the export path of
-    :data:`.dispatch.DISPATCH`."""
+    to run while exporting) or ``'fused'`` (which would export its
+    per-sample folded conv) run ``'auto'`` meanwhile: the reference
+    equations, the export path of :data:`.dispatch.DISPATCH`."""
     from ..models.layers import KCLALayer
     switched = [
-        m for m in module.modules()
-        if isinstance(m, KCLALayer) and m.implementation == 'compiled'
+        (m, m.implementation) for m in module.modules()
+        if isinstance(m, KCLALayer) and m.implementation in ('compiled',
+                                                             'fused')
     ]
-    for m in switched:
+    for m, _ in switched:
         m.implementation = 'auto'
     try:
         yield
     finally:
-        for m in switched:
-            m.implementation = 'compiled'
+        for m, implementation in switched:
+            m.implementation = implementation
 
 
 def writable_temp(out: str) -> str:

@@ -33,7 +33,9 @@ def exporting(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
     records the call (:func:`.is_exporting`): the graph then holds the
     paper's operators, not the kernels (which a recorder sees as constants)
     nor the fused path's per-sample folded weights (a conv whose kernel
-    the ONNX exporter cannot shape)."""
+    the ONNX exporter cannot shape, and a traced one fixes the batch size).
+    ``'fused'`` asked for stays fused: FLOP counts trace it
+    (:func:`kcla_mm.analysis.complexity.fused_kcla_while_traced`)."""
     return is_exporting()
 
 
@@ -48,7 +50,7 @@ def recomputes(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
 #: error that names the condition that fails (:func:`.compiled_unmet`).
 DISPATCH: Tuple[Tuple[Tuple[str, ...], Condition, str], ...] = (
     (('reference', ), always, 'reference'),
-    (('auto', 'fused', 'recompute'), exporting, 'reference'),
+    (('auto', 'recompute'), exporting, 'reference'),
     (('auto', 'compiled'), compiled_applies, 'compiled'),
     (('recompute', ), recomputes, 'recompute'),
     (('auto', 'fused', 'recompute'), always, 'fused'),

@@ -431,3 +431,15 @@ def test_torch_export_matches_eager(family):
     records = compare(exportable.module, module, exportable.output_names,
                       [(1, 3, *shape)])
     assert max(r.relative for r in records) <= 1e-4
+
+
+@requires_onnx
+def test_onnx_benchmark_prints_the_ratio(capsys):
+    tool = load_tool('tools/analysis/benchmark_onnx.py')
+    tool.main([
+        '--depth', '18', '--shapes', '32x32', '--threads', '1', '--iters', '1',
+        '--warmup', '0'
+    ])
+    out = capsys.readouterr().out
+    assert 'eval 1x3x32x32, 1 thread: ResNet-18' in out
+    assert 'KCLA-ResNet-18' in out and 'ratio' in out

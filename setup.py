@@ -261,6 +261,8 @@ setup(
         'tests': ['pytest', 'vermin'],
         # Classification (ImageNet / CIFAR pretraining) with MMPretrain.
         'pretrain': parse_requirements('pretrain.txt'),
+        # ONNX export and its check in onnxruntime (tools/deployment).
+        'deploy': parse_requirements('deploy.txt'),
     },
     license='Apache-2.0',
     zip_safe=False,

@@ -88,6 +88,25 @@ def in_process_group() -> bool:
             and dist.get_world_size() > 1)
 
 
+def is_exporting() -> bool:
+    """Whether the caller is being recorded into a graph for deployment:
+    ``torch.jit.trace`` / ``torch.jit.script`` (which the TorchScript ONNX
+    exporter uses), ``torch.onnx.export`` or ``torch.export`` (from torch
+    2.5, ``torch.compiler.is_exporting``; before it ``torch.export`` runs
+    dynamo, which :func:`is_compiling` sees).
+
+    The fast paths that a recorder cannot see into (C++ kernels, custom
+    autograd Functions) or that would record different operators than the
+    paper's (folded weights, matmul convs) step aside there.
+    """
+    if torch.jit.is_tracing() or torch.jit.is_scripting():
+        return True
+    if torch.onnx.is_in_onnx_export():
+        return True
+    query = getattr(getattr(torch, 'compiler', None), 'is_exporting', None)
+    return query is not None and bool(query())
+
+
 def has_mem_tracker() -> bool:
     """Whether torch has ``torch.distributed._tools.mem_tracker.MemTracker``
     (torch 2.13 has it, torch 2.1 not), which accounts the peak memory of a

@@ -43,7 +43,8 @@ command -v "$py" >/dev/null 2>&1 || py=python3
 stamp_src=$(cat "$root/scripts/setup_venv.sh" "$root/scripts/check_mmcv.py" \
   "$root/setup.py" "$lock" "$root"/kcla_mm/csrc/*.cpp \
   "$root/requirements/runtime.txt" "$root/requirements/dev.txt" \
-  "$root/requirements/mim.txt" "$root/requirements/pretrain.txt")
+  "$root/requirements/mim.txt" "$root/requirements/pretrain.txt" \
+  "$root/requirements/deploy.txt")
 stamp_hash=$(printf '%s' "$stamp_src" | sha256sum | cut -d' ' -f1)
 stamp="$venv/.kcla_mm_setup_done"
 
@@ -59,6 +60,7 @@ import sys
 import warnings
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 import torch, mmengine, mmdet, mmseg, mim, matplotlib, vermin, kcla_mm  # noqa: F401,E401
+import onnx, onnxruntime, onnxscript  # noqa: F401,E401  the deploy extra
 if len(sys.argv) > 1:  # the stack has the pretrain extra
     import mmpretrain  # noqa: F401
 PY
@@ -115,9 +117,11 @@ fi
 # setuptools>=77 that torch needs. mim only shells out to opendatalab's CLI for
 # `mim download --dataset`, so `pip check` reports exactly one missing
 # requirement: "openmim 0.3.9 requires opendatalab".
-# One resolver run for everything else, within the lock.
+# One resolver run for everything else, within the lock; both stacks have
+# the deploy extra (ONNX export, tests/test_export.py).
 "${pip[@]}" install -c "$lock" -r "$root/requirements/dev.txt" \
-  -r "$root/requirements/mim.txt" "${extras[@]}"
+  -r "$root/requirements/mim.txt" -r "$root/requirements/deploy.txt" \
+  "${extras[@]}"
 "${pip[@]}" install -c "$lock" --no-deps openmim
 "${pip[@]}" install --no-deps --no-build-isolation -e "$root"
 verify

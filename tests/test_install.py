@@ -85,6 +85,21 @@ def test_pretrain_extra_admits_the_locked_mmpretrain():
     assert extra[0].specifier.contains(read_lock('torch21')['mmpretrain'])
 
 
+def test_deploy_extra_admits_both_locks():
+    """The deploy extra (ONNX export) is in both stacks: both locks pin
+    what requirements/deploy.txt asks for (read from the file: the
+    installed metadata may come from another checkout)."""
+    with open(osp.join(ROOT, 'requirements', 'deploy.txt')) as f:
+        deploy = [
+            Requirement(line) for line in f.read().splitlines()
+            if line and not line.startswith('#')
+        ]
+    assert [r.name for r in deploy] == ['onnx', 'onnxruntime', 'onnxscript']
+    for stack in STACKS:
+        lock = read_lock(stack)
+        assert all(r.specifier.contains(lock[r.name]) for r in deploy), stack
+
+
 # In a fresh interpreter: mmpretrain itself, then what ``import kcla_mm``
 # puts into its MODELS (kcla_mm warns instead of failing when mmpretrain is
 # installed but broken, so the warning is looked for too).

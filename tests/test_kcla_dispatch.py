@@ -88,7 +88,8 @@ def test_auto_without_the_kernels_runs_fused(monkeypatch):
     ('GN', 'the norm is a BatchNorm (not SyncBN)'),
     ('bf16', 'the input is fp32 or fp64'),
     ('autocast', 'CPU autocast is off'),
-    ('trace', 'not under torch.jit.trace'),
+    ('trace', 'not exporting or tracing (torch.jit.trace, '
+     'torch.onnx.export, torch.export)'),
     ('no extension', 'the C++ extension is available'),
 ])
 def test_compiled_asked_for_fails_naming_the_condition(monkeypatch, case,

@@ -14,6 +14,7 @@ per input element. Other elementwise ops and reductions (mul, div, sum,
 norm) stay uncounted, as fvcore leaves the ResNet's own ReLU and residual
 add uncounted.
 """
+import contextlib
 import dataclasses
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -42,10 +43,29 @@ ATTENTION_OP_HANDLES = {
 }
 
 
+@contextlib.contextmanager
+def fused_kcla_while_traced(model: nn.Module) -> Iterator[None]:
+    """KCLA layers run ``'fused'`` meanwhile: traced, ``'auto'`` and
+    ``'recompute'`` would run the reference equations (the export path of
+    :data:`kcla_mm.models.layers.kcla.dispatch.DISPATCH`), whose state
+    update is an uncounted mul and add; the FLOPs counted are those of the
+    eval forward's fused work (the state update as baddbmm / addcmul)."""
+    from ..models.layers import KCLALayer
+    layers = [(m, m.implementation) for m in model.modules()
+              if isinstance(m, KCLALayer)]
+    for m, _ in layers:
+        m.implementation = 'fused'
+    try:
+        yield
+    finally:
+        for m, implementation in layers:
+            m.implementation = implementation
+
+
 def count_flops(model: nn.Module, inputs: Tensor) -> int:
     """FLOPs (MACs) of one eval forward, attention ops included."""
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), fused_kcla_while_traced(model):
         analyzer = FlopAnalyzer(model, (inputs, ))
         analyzer.set_op_handle(**ATTENTION_OP_HANDLES)
         analyzer.unsupported_ops_warnings(False)

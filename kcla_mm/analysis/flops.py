@@ -24,7 +24,7 @@ from mmengine.analysis import ActivationAnalyzer, FlopAnalyzer, parameter_count
 from mmengine.config import Config
 from mmengine.registry import MODELS, init_default_scope
 
-from .complexity import ATTENTION_OP_HANDLES
+from .complexity import ATTENTION_OP_HANDLES, fused_kcla_while_traced
 
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 # mmdet's get_flops default input for detectors, (H, W).
@@ -145,7 +145,7 @@ def analyse_config(cfg: Config,
             data_samples=_data_samples(scope, height, width),
             mode='tensor')
     inputs = (image, )
-    with torch.no_grad():
+    with torch.no_grad(), fused_kcla_while_traced(model):
         flops = FlopAnalyzer(model, inputs)
         flops.set_op_handle(**ATTENTION_OP_HANDLES)
         flops.unsupported_ops_warnings(False)

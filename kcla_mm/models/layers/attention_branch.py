@@ -17,7 +17,7 @@ from mmcv.cnn import build_conv_layer
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...torch_compat import is_autocast_enabled
+from ...torch_compat import is_autocast_enabled, is_exporting
 
 
 def spatial_mean(x: Tensor) -> Tensor:
@@ -133,8 +133,7 @@ def matmul_adapts(adapter: Optional[nn.Module], a: Tensor) -> bool:
     contiguous input, no autocast and no tracing (FLOP counts and exports
     keep the conv)."""
     return (is_plain_pointwise(adapter) and a.is_contiguous()
-            and not is_autocast_enabled(a.device.type)
-            and not torch.jit.is_tracing())
+            and not is_autocast_enabled(a.device.type) and not is_exporting())
 
 
 def adapt_state(adapter: Optional[nn.Module], a: Tensor) -> Tensor:

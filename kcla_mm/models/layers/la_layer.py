@@ -133,7 +133,11 @@ class LALayer(BaseModule):
         keys = self._key(self.state_key_conv, spatial_mean(values))
         n = state.values[0].shape[0]
         keys = keys.view(len(state.values), n, -1).transpose(0, 1)
-        return LAState(keys, tuple(values.split(n)))
+        # unbind, not split(n): the same views, and a traced split(n)
+        # records n as a constant (an ONNX graph then fails at another
+        # batch size).
+        values = values.reshape(len(state.values), n, *values.shape[1:])
+        return LAState(keys, tuple(values.unbind(0)))
 
     def attention_weights(self, query: Tensor, keys: Tensor) -> Tensor:
         """Softmax over the T cached layers per head: (N, heads, T)."""

@@ -32,7 +32,7 @@ import torch.nn as nn
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ....torch_compat import is_autocast_enabled, is_compiling
+from ....torch_compat import is_autocast_enabled, is_compiling, is_exporting
 from ..attention_branch import drop_path_mask
 from ..profiling import phase
 from .fused import renormalise_in_forward
@@ -119,16 +119,18 @@ def _state_matches(x: Tensor, state: Optional[KCLAState]) -> bool:
 #: (condition, test(params, x, state)). :func:`compiled_unmet` names the
 #: first that does not hold. Never under torch.compile (dynamo cannot
 #: trace into the extension and would break the graph at every call; the
-#: fused path compiles whole) nor ``torch.jit.trace`` (FLOP counting, ONNX
-#: export): the tracer cannot see into the kernels and would record their
-#: outputs as constants. A training BN over one value
+#: fused path compiles whole) nor while exporting or tracing
+#: (``torch.jit.trace`` for FLOP counts, ``torch.onnx.export``,
+#: ``torch.export``: :func:`.is_exporting`): the recorder cannot see into
+#: the kernels and would record their outputs as constants, or fail at the
+#: extension lookup. A training BN over one value
 #: per channel is left to PyTorch's, which refuses it.
 COMPILED_CONDITIONS: Tuple[Tuple[str, Callable[..., bool]], ...] = (
     ('not under torch.compile', lambda p, x, state: not is_compiling()),
+    ('not exporting or tracing (torch.jit.trace, torch.onnx.export, '
+     'torch.export)', lambda p, x, state: not is_exporting()),
     ('the C++ extension is available',
      lambda p, x, state: extension() is not None),
-    ('not under torch.jit.trace',
-     lambda p, x, state: not torch.jit.is_tracing()),
     ('the input is on the CPU', lambda p, x, state: x.device.type == 'cpu'),
     ('the input is fp32 or fp64', lambda p, x, state: x.dtype in
      (torch.float32, torch.float64)),

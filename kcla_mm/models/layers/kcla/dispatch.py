@@ -11,6 +11,7 @@ from typing import Callable, Optional, Tuple
 
 from torch import Tensor
 
+from ....torch_compat import is_exporting
 from .compiled import compiled_applies, compiled_unmet
 from .params import KCLAParams
 from .recompute import replayable
@@ -27,6 +28,17 @@ def always(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
     return True
 
 
+def exporting(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
+    """While ``torch.jit.trace``, ``torch.onnx.export`` or ``torch.export``
+    records the call (:func:`.is_exporting`): the graph then holds the
+    paper's operators, not the kernels (which a recorder sees as constants)
+    nor the fused path's per-sample folded weights (a conv whose kernel
+    the ONNX exporter cannot shape, and a traced one fixes the batch size).
+    ``'fused'`` asked for stays fused: FLOP counts trace it
+    (:func:`kcla_mm.analysis.complexity.fused_kcla_while_traced`)."""
+    return is_exporting()
+
+
 def recomputes(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
     """A train step that :func:`.recompute.replayable` covers."""
     return replayable(p, x)
@@ -38,6 +50,7 @@ def recomputes(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
 #: error that names the condition that fails (:func:`.compiled_unmet`).
 DISPATCH: Tuple[Tuple[Tuple[str, ...], Condition, str], ...] = (
     (('reference', ), always, 'reference'),
+    (('auto', 'recompute'), exporting, 'reference'),
     (('auto', 'compiled'), compiled_applies, 'compiled'),
     (('recompute', ), recomputes, 'recompute'),
     (('auto', 'fused', 'recompute'), always, 'fused'),

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ....torch_compat import is_autocast_enabled
+from ....torch_compat import is_autocast_enabled, is_exporting
 from ..attention_branch import (adapt_state, add_branch, bn_affine,
                                 full_precision, grouped_strided_input,
                                 head_scaled_add, is_frozen_bn,
@@ -82,7 +82,7 @@ def folds_renormalise(p: KCLAParams, state: KCLAState) -> bool:
     the weights' dtype, no autocast and no tracing (FLOP counts and exports
     keep the paper's ops)."""
     conv = p.state_adapt
-    return (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+    return (not torch.is_grad_enabled() and not is_exporting()
             and is_frozen_bn(p.state_norm)
             and (conv is None or is_plain_pointwise(conv))
             and state.u.dtype == p.value_weight.dtype
@@ -209,7 +209,9 @@ def gate_and_weight(p: KCLAParams, query: Tensor,
     k_norm = torch.linalg.vector_norm(key, dim=2)
     w = p.layer_weight(k_norm)
     # ||Q|| cos(theta) = <Q, K> / ||K||, with the norm computed once.
-    q_cos = torch.linalg.vecdot(query, key) / k_norm.clamp_min(1e-12)
+    # (Q * K).sum, not linalg.vecdot: bit-identical (ATen computes vecdot
+    # so), and the ONNX exporters have no symbolic for vecdot.
+    q_cos = (query * key).sum(2) / k_norm.clamp_min(1e-12)
     gate = torch.sigmoid(pooled_linear(q_cos, p.head_mix))
     return gate, w
 

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ....torch_compat import (in_process_group, is_autocast_enabled,
-                              is_compiling, checkpoint_hooks_active)
+from ....torch_compat import (checkpoint_hooks_active, in_process_group,
+                              is_autocast_enabled, is_compiling, is_exporting)
 from ..attention_branch import (drop_path_mask, head_scaled_add,
                                 masked_residual_add, scale_branch)
 from ..profiling import phase
@@ -46,11 +46,12 @@ def replayable(p: KCLAParams, x: Tensor) -> bool:
     """Whether :func:`recomputed_forward` applies: a train step (something
     to differentiate), no autocast, not under torch.compile (the tape's
     side effects would break the graph at every layer; the fused path
-    compiles whole), no activation checkpoint around the layer (it lets
-    each saved tensor be unpacked once, and the tape unpacks other nodes'
+    compiles whole), not while exporting (the autograd Function has no
+    symbolic), no activation checkpoint around the layer (it lets each
+    saved tensor be unpacked once, and the tape unpacks other nodes'
     tensors; torch 2.1 cannot tell, and the checkpoint then stops with its
     own error), and a norm that can be replayed locally."""
-    if (not torch.is_grad_enabled() or is_compiling()
+    if (not torch.is_grad_enabled() or is_compiling() or is_exporting()
             or is_autocast_enabled(x.device.type)
             or checkpoint_hooks_active()):
         return False

@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from mmengine.utils import digit_version
 
 from helpers import free_port, output_of
 
@@ -182,6 +184,44 @@ def test_dist_train_two_cpu_processes(coco_root, tmp_path, repo_root):
     checkpoints = [f for f in os.listdir(tmp_path) if f.endswith('.pth')]
     assert checkpoints == ['epoch_1.pth']
     assert log.count('Saving checkpoint at 1 epochs') == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('strategy', ['ddp', 'fsdp'])
+def test_flexible_runner_strategies_two_cpu_processes(strategy, coco_root,
+                                                      tmp_path, repo_root):
+    """The KCLA Faster R-CNN config with a strategy mixin of
+    configs/_base_/strategies/ in its _base_ list, through dist_train.sh:
+    mmengine's FlexibleRunner trains it with DDPStrategy, or FSDPStrategy
+    with every residual block (and so its KCLA layer) an FSDP unit."""
+    if strategy == 'fsdp' and digit_version(
+            torch.__version__) < digit_version('2.4'):
+        pytest.skip(f'FSDP on the CPU needs torch >= 2.4 (torch '
+                    f'{torch.__version__} asks for a CUDA stream)')
+    config = tmp_path / f'faster-rcnn_kcla_{strategy}.py'
+    config.write_text('_base_ = [%r, %r]\n' %
+                      (osp.join(repo_root, CONFIGS['faster-r50']),
+                       osp.join(repo_root, 'configs', '_base_', 'strategies',
+                                f'flexible-{strategy}.py')))
+    env = dict(
+        os.environ,
+        PORT=str(free_port()),
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS='1')
+    log = output_of(
+        'bash',
+        'tools/dist_train.sh',
+        str(config),
+        '2',
+        '--work-dir',
+        str(tmp_path / 'work'),
+        *synthetic_options(coco_root, small_backbone=True),
+        env=env)
+    assert 'Distributed training: True' in log and 'GPU number: 2' in log
+    assert f"type='{strategy.upper()}Strategy'" in log
+    assert 'Epoch(train) [1][1/1]' in log
+    # FSDPStrategy saves a folder of per-rank shards under that name.
+    assert os.path.exists(tmp_path / 'work' / 'epoch_1.pth')
 
 
 def test_missing_backbone_checkpoint_fails_before_data_loading(

@@ -1,5 +1,6 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 """Training-loop additions registered in mmengine's registries."""
 from .hooks import RandomStateHook
+from .wrap_policies import RESIDUAL_BLOCKS, residual_block_wrap_policy
 
-__all__ = ['RandomStateHook']
+__all__ = ['RandomStateHook', 'RESIDUAL_BLOCKS', 'residual_block_wrap_policy']

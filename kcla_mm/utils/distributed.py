@@ -10,8 +10,9 @@ def cpu_distributed_defaults(cfg: Config) -> None:
     The configs ask for NCCL, which needs GPUs: use gloo instead (an
     explicit ``env_cfg.dist_cfg.backend`` other than nccl is kept). mmengine
     wraps the model in DDP with ``device_ids=[LOCAL_RANK]``, which DDP
-    refuses for CPU modules: ask for ``device_ids=None``. With a GPU the
-    config is left as it is.
+    refuses for CPU modules: ask for ``device_ids=None`` (in
+    ``model_wrapper_cfg``, and in a FlexibleRunner's DDPStrategy). With a
+    GPU the config is left as it is.
 
     Args:
         cfg (Config): The config, changed in place.
@@ -27,6 +28,22 @@ def cpu_distributed_defaults(cfg: Config) -> None:
         type='MMDistributedDataParallel')
     wrapper.setdefault('device_ids', None)
     cfg.model_wrapper_cfg = wrapper
+    # FlexibleRunner: a DDPStrategy builds its own wrapper, with the same
+    # device_ids default.
+    strategy = cfg.get('strategy')
+    if (cfg.get('runner_type') == 'FlexibleRunner' and strategy is not None
+            and strategy.get('type') == 'DDPStrategy'):
+        wrapper = strategy.get('model_wrapper') or ConfigDict(
+            type='MMDistributedDataParallel')
+        wrapper.setdefault('device_ids', None)
+        strategy.model_wrapper = wrapper
+    # An FSDPStrategy passes device_id=LOCAL_RANK, a CUDA device: FSDP
+    # runs on the CPU with the CPU device (torch >= 2.4).
+    if (cfg.get('runner_type') == 'FlexibleRunner' and strategy is not None
+            and strategy.get('type') == 'FSDPStrategy'):
+        wrapper = strategy.get('model_wrapper') or ConfigDict()
+        wrapper.setdefault('device_id', torch.device('cpu'))
+        strategy.model_wrapper = wrapper
 
 
 def init_distributed_on_cpu(cfg: Config) -> None:

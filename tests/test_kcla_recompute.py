@@ -6,6 +6,7 @@ parity is in test_kcla_fused.py, the kernels' own in test_kcla_compiled.py.
 """
 import pytest
 import torch
+import torch.nn as nn
 from mmdet.models.backbones import ResNet
 
 from kcla_mm.analysis.complexity import saved_activation_bytes
@@ -239,3 +240,37 @@ def test_with_cp_decision_for_syncbn():
     plain = KCLAResNet(depth=18, base_channels=16, head_dim=16)
     expected = extension() is not None
     assert plain.layer1[0].kcla.recomputes_backward(x, None) == expected
+
+
+@pytest.mark.parametrize('implementation', ['recompute', 'auto'])
+def test_backward_replays_with_the_tensors_of_the_forward(implementation):
+    """After the forward pass, every parameter of the branch norms and of
+    Algorithm 1 is replaced on its module by another tensor (as FSDP swaps
+    in new views or shards between forward and backward): the gradients
+    still reach the tensors the forward used, equal to an undisturbed
+    step's."""
+    from kcla_mm.models.layers import KCLALayer
+    from helpers import small_kcla
+    x = torch.rand(2, 3, 64, 64)
+    plain = small_kcla(implementation)
+    sum((o**2).mean() for o in plain(x)).backward()
+    model = small_kcla(implementation)
+    loss = sum((o**2).mean() for o in model(x))
+    used = []
+    for name, layer in model.named_modules():
+        if not isinstance(layer, KCLALayer):
+            continue
+        for part in ('norm', 'state_adapt', 'state_norm', 'state_key_conv'):
+            module = getattr(layer, part, None)
+            for key, p in list(getattr(module, '_parameters', {}).items()):
+                if p is not None:
+                    used.append((f'{name}.{part}.{key}', p))
+                    module._parameters[key] = nn.Parameter(
+                        torch.full_like(p, 7.))
+    assert any('state_adapt' in n for n, _ in used)
+    loss.backward()
+    want = dict(plain.named_parameters())
+    for name, p in used:
+        assert p.grad is not None, name
+        torch.testing.assert_close(
+            p.grad, want[name].grad, rtol=1e-5, atol=1e-7, msg=name)

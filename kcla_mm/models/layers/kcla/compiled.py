@@ -37,7 +37,7 @@ from ..attention_branch import drop_path_mask
 from ..profiling import phase
 from .fused import renormalise_in_forward
 from .params import KCLAParams
-from .recompute import StateTape, recomputed_forward
+from .recompute import StateTape, recomputed_forward, saved
 from .state import STATE_EPS, KCLAState
 
 
@@ -227,7 +227,7 @@ class CompiledUpdate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor, grad_u: Tensor):
         (x, u_prev, w, scale, mask, kernel, gamma, beta, branch_scale, mean,
-         var) = ctx.saved_tensors
+         var) = saved(ctx)
         if ctx.keep_prev:
             ctx.tape.cache.pop(0, None)
         else:

@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import CheckpointError
 
 from ....torch_compat import (checkpoint_hooks_active, in_process_group,
                               is_autocast_enabled, is_compiling, is_exporting)
@@ -85,6 +86,26 @@ def update_and_branch(p: KCLAParams, x: Tensor, u_prev: Optional[Tensor],
         return masked_residual_add(x, out, mask), u
 
 
+def saved(node) -> Tuple[Optional[Tensor], ...]:
+    """``node.saved_tensors``, unpacked by the tape or the node itself.
+
+    Inside a non-reentrant activation checkpoint a saved tensor can be
+    unpacked once, which the tape cannot keep to: the layer runs 'fused'
+    there (:func:`replayable`) wherever torch can tell
+    (:func:`.checkpoint_hooks_active`). torch 2.1 cannot; its error is
+    turned into one that names the combination and the alternatives."""
+    try:
+        return node.saved_tensors
+    except CheckpointError as exc:
+        raise RuntimeError(
+            "KCLALayer with kcla_implementation 'auto' or 'recompute' "
+            'inside an activation checkpoint (checkpoint_wrapper, '
+            f'use_reentrant=False) is not supported on torch '
+            f'{torch.__version__}, which cannot tell the layer that it runs '
+            "in one: use the block's with_cp=True, or kcla_implementation="
+            "'fused' (torch >= 2.2 falls back to it by itself)") from exc
+
+
 class StateTape:
     """What the states of one run of layers (a stage, or the part of one
     after a re-normalisation) are recomputed from in backward.
@@ -123,10 +144,10 @@ class StateTape:
         if step not in self.cache:
             with torch.no_grad(), phase('tape'):
                 u = self.cache[0] = (
-                    self.nodes[1]().saved_tensors[1]
+                    saved(self.nodes[1]())[1]
                     if self.start is None else self.start())
                 for j in range(1, step + 1):
-                    x, _, w = self.nodes[j]().saved_tensors[:3]
+                    x, _, w = saved(self.nodes[j]())[:3]
                     u = self.cache[j] = head_scaled_add(u, w, x)
         return self.cache[step] if keep else self.cache.pop(step)
 
@@ -152,7 +173,7 @@ class RecomputedUpdate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_x: Optional[Tensor], grad_u: Optional[Tensor]):
-        x, u_prev, w, scale, mask, *params = ctx.saved_tensors
+        x, u_prev, w, scale, mask, *params = saved(ctx)
         if ctx.keep_prev:
             # The run's recomputation cached this start too: drop it.
             ctx.tape.cache.pop(0, None)
@@ -192,7 +213,7 @@ class RecomputedRenorm(torch.autograd.Function):
 
     @staticmethod
     def incoming_state(ctx, keep: bool) -> KCLAState:
-        u, z = ctx.saved_tensors[:2]
+        u, z = saved(ctx)[:2]
         if ctx.source is not None:
             tape, step = ctx.source
             u = tape.state(step, keep)
@@ -211,7 +232,8 @@ class RecomputedRenorm(torch.autograd.Function):
                     ctx.needs_input_grad[2:4])
             ]
             with torch.enable_grad(), phase('renormalise'), bound_tensors(
-                    ctx.renorm_attributes, ctx.saved_tensors[2:]):
+                    ctx.renorm_attributes,
+                    saved(ctx)[2:]):
                 outputs = fused_renormalise(ctx.params, KCLAState(*inputs),
                                             replay_norm(ctx.params.state_norm))
             ctx.replayed = (inputs, outputs)
@@ -219,7 +241,7 @@ class RecomputedRenorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_u: Optional[Tensor], grad_z: Optional[Tensor]):
-        params = list(ctx.saved_tensors[2:])
+        params = list(saved(ctx)[2:])
         inputs, outputs = RecomputedRenorm.replay(ctx)
         ctx.replayed = None  # a second backward pass replays again
         with phase('backward'):

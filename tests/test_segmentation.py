@@ -5,6 +5,7 @@ import glob
 import os
 import os.path as osp
 import re
+import shutil
 import sys
 
 import cv2
@@ -65,7 +66,8 @@ def prepared(tmp_path_factory):
     for layout in LAYOUTS:
         raw, data = base / f'raw_{layout}', base / layout
         make_archive(layout, raw)
-        extra = ['--train', '9', '--val', '3'] if layout == 'kvasir' else []
+        extra = (['--random-split', '--train', '9', '--val', '3']
+                 if layout == 'kvasir' else [])
         prepare(layout, raw, data, *extra)
         out[layout] = (raw, data)
     return out
@@ -122,6 +124,102 @@ def test_kvasir_split_files(tmp_path, prepared):
     assert result.returncode == 1 and "id 'nope'" in result.stderr
 
 
+def test_official_kvasir_split_ships_with_the_package():
+    import kcla_mm
+    from kcla_mm.datasets.preparation import (kvasir_official_split_files,
+                                              read_split_file)
+    files = kvasir_official_split_files()
+    package = osp.dirname(osp.abspath(kcla_mm.__file__))
+    assert all(
+        osp.dirname(osp.dirname(p)) == osp.join(package, 'datasets')
+        for p in files.values())
+    ids = {split: read_split_file(path) for split, path in files.items()}
+    assert {s: len(v) for s, v in ids.items()} == dict(train=700, val=300)
+    assert len(set(ids['train']) | set(ids['val'])) == 1000
+    assert ids['val'][0] == 'cju0qoxqj9q6s0835b43399p4'  # '.jpg' dropped
+
+
+@pytest.fixture(scope='module')
+def official_kvasir(tmp_path_factory):
+    """A raw synthetic archive with the 1000 ids of the official split
+    (tiny images), prepared with prepare_kvasir.py's defaults."""
+    base = tmp_path_factory.mktemp('kvasir_official')
+    output_of(sys.executable, 'tools/misc/make_synthetic_medseg.py',
+              '--layout', 'kvasir', base / 'raw', '--official-split', '--size',
+              '32', '24')
+    prepare('kvasir', base / 'raw', base / 'data')
+    return base
+
+
+@pytest.mark.slow
+def test_kvasir_official_split_is_the_default(official_kvasir):
+    from kcla_mm.datasets.preparation import (kvasir_official_split_files,
+                                              read_split_file)
+    data = official_kvasir / 'data'
+    assert split_counts(data) == dict(train=700, val=300)
+    for split, path in kvasir_official_split_files().items():
+        assert sorted(f[:-4]
+                      for f in os.listdir(data / 'ann_dir' / split)) == sorted(
+                          read_split_file(path))
+
+
+@pytest.mark.slow
+def test_kvasir_official_split_names_missing_and_extra_ids(
+        official_kvasir, tmp_path):
+    raw = tmp_path / 'raw'
+    shutil.copytree(official_kvasir / 'raw', raw)
+    images = raw / 'Kvasir-SEG' / 'images'
+    missing = 'cju0qoxqj9q6s0835b43399p4'  # the first id of val
+    os.remove(images / f'{missing}.jpg')
+    os.remove(raw / 'Kvasir-SEG' / 'masks' / f'{missing}.jpg')
+    result = prepare('kvasir', raw, tmp_path / 'o1', check=False)
+    assert result.returncode == 1
+    assert f"id '{missing}' is not in the archive" in result.stderr
+    assert 'kvasir_seg_official_val.txt' in result.stderr
+    assert not (tmp_path / 'o1').exists()
+
+    make_archive('kvasir', tmp_path / 'extra', 4)  # made-up ids
+    for folder in ('images', 'masks'):
+        for name in os.listdir(tmp_path / 'extra' / 'Kvasir-SEG' / folder):
+            shutil.copy(tmp_path / 'extra' / 'Kvasir-SEG' / folder / name,
+                        raw / 'Kvasir-SEG' / folder / name)
+    shutil.copy(official_kvasir / 'raw/Kvasir-SEG/images' / f'{missing}.jpg',
+                images)
+    shutil.copy(official_kvasir / 'raw/Kvasir-SEG/masks' / f'{missing}.jpg',
+                raw / 'Kvasir-SEG' / 'masks')
+    result = prepare('kvasir', raw, tmp_path / 'o2', check=False)
+    first = sorted(os.listdir(tmp_path / 'extra' / 'Kvasir-SEG' /
+                              'images'))[0][:-4]
+    assert result.returncode == 1
+    assert f"4 archive images are in no split file, e.g. id '{first}'" in \
+        result.stderr
+    assert not (tmp_path / 'o2').exists()
+
+
+def test_kvasir_random_split_options_need_the_flag(tmp_path):
+    result = prepare(
+        'kvasir',
+        tmp_path / 'raw',
+        tmp_path / 'out',
+        '--train',
+        '9',
+        '--seed',
+        '1',
+        check=False)
+    assert result.returncode == 2
+    assert '--train, --seed only apply with --random-split' in result.stderr
+    result = prepare(
+        'kvasir',
+        tmp_path / 'raw',
+        tmp_path / 'out',
+        '--random-split',
+        '--split-files',
+        'a.txt',
+        check=False)
+    assert result.returncode == 2 and 'not allowed with' in result.stderr
+    assert not (tmp_path / 'out').exists()
+
+
 @pytest.mark.parametrize('layout', LAYOUTS)
 @pytest.mark.slow
 def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
@@ -133,7 +231,8 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
     images = sorted(
         p for p in glob.glob(str(raw / '**' / '*.jpg'), recursive=True)
         if '/masks/' not in p)
-    extra = ['--train', '6', '--val', '2'] if layout == 'kvasir' else []
+    extra = (['--random-split', '--train', '6', '--val', '2']
+             if layout == 'kvasir' else [])
 
     os.remove(masks[0])  # an image without its mask
     result = prepare(layout, raw, tmp_path / 'o1', *extra, check=False)
@@ -152,7 +251,8 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
         layout,
         raw,
         tmp_path / 'o2',
-        *(['--train', '5', '--val', '2'] if layout == 'kvasir' else []),
+        *(['--random-split', '--train', '5', '--val', '2']
+          if layout == 'kvasir' else []),
         check=False)
     assert result.returncode == 1
     assert stray in result.stderr and 'without an image' in result.stderr
@@ -164,7 +264,8 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
         layout,
         raw,
         tmp_path / 'o3',
-        *(['--train', '5', '--val', '2'] if layout == 'kvasir' else []),
+        *(['--random-split', '--train', '5', '--val', '2']
+          if layout == 'kvasir' else []),
         check=False)
     assert result.returncode == 1
     assert images[-1] in result.stderr and 'unreadable' in result.stderr

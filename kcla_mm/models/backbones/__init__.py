@@ -11,12 +11,15 @@ from .mmseg_resnet import (MMSegKCLAResNet, MMSegKCLAResNetV1c,
                            MMSegLAResNetV1d, MMSegMRLALightResNet,
                            MMSegMRLALightResNetV1c, MMSegMRLALightResNetV1d)
 from .mrla_light_resnet import MRLALightResNet
+from .unet_paper_resnet import (KCLAResNetUNetPaper, LAResNetUNetPaper,
+                                MRLALightResNetUNetPaper, ResNetUNetPaper)
 
 __all__ = [
-    'KCLAResNet', 'KCLAResNetCIFAR', 'LAResNet', 'LAResNetCIFAR',
-    'MMSegKCLAResNet', 'MMSegKCLAResNetV1c', 'MMSegKCLAResNetV1d',
-    'MMSegLAResNet', 'MMSegLAResNetV1c', 'MMSegLAResNetV1d',
-    'MMSegMRLALightResNet', 'MMSegMRLALightResNetV1c',
-    'MMSegMRLALightResNetV1d', 'MRLALightResNet', 'MRLALightResNetCIFAR',
-    'ResNetCIFAR'
+    'KCLAResNet', 'KCLAResNetCIFAR', 'KCLAResNetUNetPaper', 'LAResNet',
+    'LAResNetCIFAR', 'LAResNetUNetPaper', 'MMSegKCLAResNet',
+    'MMSegKCLAResNetV1c', 'MMSegKCLAResNetV1d', 'MMSegLAResNet',
+    'MMSegLAResNetV1c', 'MMSegLAResNetV1d', 'MMSegMRLALightResNet',
+    'MMSegMRLALightResNetV1c', 'MMSegMRLALightResNetV1d', 'MRLALightResNet',
+    'MRLALightResNetCIFAR', 'MRLALightResNetUNetPaper', 'ResNetCIFAR',
+    'ResNetUNetPaper'
 ]

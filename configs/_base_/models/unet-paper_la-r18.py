@@ -1,0 +1,4 @@
+# The network of unet-paper_kcla-r18.py with full layer attention (the
+# quadratic baseline) in place of KCLA, head_dim 16.
+_base_ = './unet-paper_r18.py'
+model = dict(backbone=dict(type='LAResNetUNetPaper', head_dim=16))

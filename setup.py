@@ -247,9 +247,10 @@ setup(
     long_description_content_type='text/markdown',
     packages=find_packages(include=['kcla_mm', 'kcla_mm.*']),
     # The generated .mim folder (configs, tools, model index) ships inside
-    # the package, as mmdet's does.
+    # the package, as mmdet's does; so do the official Kvasir-SEG split
+    # lists (datasets/splits/, read by prepare_kvasir.py).
     include_package_data=True,
-    package_data={PACKAGE: ['.mim/**/*']},
+    package_data={PACKAGE: ['.mim/**/*', 'datasets/splits/*.txt']},
     exclude_package_data={PACKAGE: ['.mim/**/__pycache__/*']},
     ext_modules=ext_modules,
     cmdclass=cmdclass,

@@ -3,8 +3,9 @@
 
 Importing the package (what ``custom_imports = dict(imports=['kcla_mm'])``
 does) registers the backbones in mmdet's and mmseg's MODELS (and in
-mmpretrain's when the optional extra is installed), the UNet head in mmseg's
-MODELS, the medical datasets and the foreground-IoU metric in mmseg's
+mmpretrain's when the optional extra is installed), the UNet head and the
+BCE + Dice loss in mmseg's MODELS, the medical datasets, the paper recipe's
+transforms and the foreground-IoU and pooled pixel metrics in mmseg's
 registries, :class:`~kcla_mm.engine.RandomStateHook` in mmengine's HOOKS
 (so in every scope's), and allow-lists the types of mmengine training
 checkpoints for ``torch.load(weights_only=True)``

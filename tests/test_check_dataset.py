@@ -33,7 +33,8 @@ def kvasir(tmp_path_factory):
     output_of(sys.executable, 'tools/misc/make_synthetic_medseg.py',
               '--layout', 'kvasir', base / 'raw', '--count', '8')
     output_of(sys.executable, 'tools/dataset_converters/prepare_kvasir.py',
-              base / 'raw', base / 'data', '--train', '6', '--val', '2')
+              base / 'raw', base / 'data', '--random-split', '--train', '6',
+              '--val', '2')
     return base
 
 
@@ -282,8 +283,8 @@ def prepare_kvasir(raw, out, *extra):
 def test_kvasir_converter_refuses_an_empty_split(counts, option, kvasir,
                                                  tmp_path):
     out = tmp_path / 'out'
-    result = prepare_kvasir(kvasir / 'raw', out, '--train', counts[0], '--val',
-                            counts[1])
+    result = prepare_kvasir(kvasir / 'raw', out, '--random-split', '--train',
+                            counts[0], '--val', counts[1])
     assert result.returncode != 0
     assert f'{option} would leave the' in result.stderr
     assert not out.exists()

@@ -285,6 +285,11 @@ def test_wheel_installs_into_this_stack_and_replaces_nothing(tmp_path):
     wheel, _ = build_wheel(tmp_path)
     assert shutil.which('c++') or shutil.which('g++'), 'no C++ compiler'
     assert len(extension_files(wheel)) == 1
+    with zipfile.ZipFile(wheel) as archive:  # package data
+        assert {
+            f'kcla_mm/datasets/splits/kvasir_seg_official_{split}.txt'
+            for split in ('train', 'val')
+        } <= set(archive.namelist())
     pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check']
     result = subprocess.run(
         pip + [

@@ -5,6 +5,7 @@ import glob
 import os
 import os.path as osp
 import re
+import shutil
 import sys
 
 import cv2
@@ -65,7 +66,8 @@ def prepared(tmp_path_factory):
     for layout in LAYOUTS:
         raw, data = base / f'raw_{layout}', base / layout
         make_archive(layout, raw)
-        extra = ['--train', '9', '--val', '3'] if layout == 'kvasir' else []
+        extra = (['--random-split', '--train', '9', '--val', '3']
+                 if layout == 'kvasir' else [])
         prepare(layout, raw, data, *extra)
         out[layout] = (raw, data)
     return out
@@ -122,6 +124,102 @@ def test_kvasir_split_files(tmp_path, prepared):
     assert result.returncode == 1 and "id 'nope'" in result.stderr
 
 
+def test_official_kvasir_split_ships_with_the_package():
+    import kcla_mm
+    from kcla_mm.datasets.preparation import (kvasir_official_split_files,
+                                              read_split_file)
+    files = kvasir_official_split_files()
+    package = osp.dirname(osp.abspath(kcla_mm.__file__))
+    assert all(
+        osp.dirname(osp.dirname(p)) == osp.join(package, 'datasets')
+        for p in files.values())
+    ids = {split: read_split_file(path) for split, path in files.items()}
+    assert {s: len(v) for s, v in ids.items()} == dict(train=700, val=300)
+    assert len(set(ids['train']) | set(ids['val'])) == 1000
+    assert ids['val'][0] == 'cju0qoxqj9q6s0835b43399p4'  # '.jpg' dropped
+
+
+@pytest.fixture(scope='module')
+def official_kvasir(tmp_path_factory):
+    """A raw synthetic archive with the 1000 ids of the official split
+    (tiny images), prepared with prepare_kvasir.py's defaults."""
+    base = tmp_path_factory.mktemp('kvasir_official')
+    output_of(sys.executable, 'tools/misc/make_synthetic_medseg.py',
+              '--layout', 'kvasir', base / 'raw', '--official-split', '--size',
+              '32', '24')
+    prepare('kvasir', base / 'raw', base / 'data')
+    return base
+
+
+@pytest.mark.slow
+def test_kvasir_official_split_is_the_default(official_kvasir):
+    from kcla_mm.datasets.preparation import (kvasir_official_split_files,
+                                              read_split_file)
+    data = official_kvasir / 'data'
+    assert split_counts(data) == dict(train=700, val=300)
+    for split, path in kvasir_official_split_files().items():
+        assert sorted(f[:-4]
+                      for f in os.listdir(data / 'ann_dir' / split)) == sorted(
+                          read_split_file(path))
+
+
+@pytest.mark.slow
+def test_kvasir_official_split_names_missing_and_extra_ids(
+        official_kvasir, tmp_path):
+    raw = tmp_path / 'raw'
+    shutil.copytree(official_kvasir / 'raw', raw)
+    images = raw / 'Kvasir-SEG' / 'images'
+    missing = 'cju0qoxqj9q6s0835b43399p4'  # the first id of val
+    os.remove(images / f'{missing}.jpg')
+    os.remove(raw / 'Kvasir-SEG' / 'masks' / f'{missing}.jpg')
+    result = prepare('kvasir', raw, tmp_path / 'o1', check=False)
+    assert result.returncode == 1
+    assert f"id '{missing}' is not in the archive" in result.stderr
+    assert 'kvasir_seg_official_val.txt' in result.stderr
+    assert not (tmp_path / 'o1').exists()
+
+    make_archive('kvasir', tmp_path / 'extra', 4)  # made-up ids
+    for folder in ('images', 'masks'):
+        for name in os.listdir(tmp_path / 'extra' / 'Kvasir-SEG' / folder):
+            shutil.copy(tmp_path / 'extra' / 'Kvasir-SEG' / folder / name,
+                        raw / 'Kvasir-SEG' / folder / name)
+    shutil.copy(official_kvasir / 'raw/Kvasir-SEG/images' / f'{missing}.jpg',
+                images)
+    shutil.copy(official_kvasir / 'raw/Kvasir-SEG/masks' / f'{missing}.jpg',
+                raw / 'Kvasir-SEG' / 'masks')
+    result = prepare('kvasir', raw, tmp_path / 'o2', check=False)
+    first = sorted(os.listdir(tmp_path / 'extra' / 'Kvasir-SEG' /
+                              'images'))[0][:-4]
+    assert result.returncode == 1
+    assert f"4 archive images are in no split file, e.g. id '{first}'" in \
+        result.stderr
+    assert not (tmp_path / 'o2').exists()
+
+
+def test_kvasir_random_split_options_need_the_flag(tmp_path):
+    result = prepare(
+        'kvasir',
+        tmp_path / 'raw',
+        tmp_path / 'out',
+        '--train',
+        '9',
+        '--seed',
+        '1',
+        check=False)
+    assert result.returncode == 2
+    assert '--train, --seed only apply with --random-split' in result.stderr
+    result = prepare(
+        'kvasir',
+        tmp_path / 'raw',
+        tmp_path / 'out',
+        '--random-split',
+        '--split-files',
+        'a.txt',
+        check=False)
+    assert result.returncode == 2 and 'not allowed with' in result.stderr
+    assert not (tmp_path / 'out').exists()
+
+
 @pytest.mark.parametrize('layout', LAYOUTS)
 @pytest.mark.slow
 def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
@@ -133,7 +231,8 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
     images = sorted(
         p for p in glob.glob(str(raw / '**' / '*.jpg'), recursive=True)
         if '/masks/' not in p)
-    extra = ['--train', '6', '--val', '2'] if layout == 'kvasir' else []
+    extra = (['--random-split', '--train', '6', '--val', '2']
+             if layout == 'kvasir' else [])
 
     os.remove(masks[0])  # an image without its mask
     result = prepare(layout, raw, tmp_path / 'o1', *extra, check=False)
@@ -152,7 +251,8 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
         layout,
         raw,
         tmp_path / 'o2',
-        *(['--train', '5', '--val', '2'] if layout == 'kvasir' else []),
+        *(['--random-split', '--train', '5', '--val', '2']
+          if layout == 'kvasir' else []),
         check=False)
     assert result.returncode == 1
     assert stray in result.stderr and 'without an image' in result.stderr
@@ -164,7 +264,8 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
         layout,
         raw,
         tmp_path / 'o3',
-        *(['--train', '5', '--val', '2'] if layout == 'kvasir' else []),
+        *(['--random-split', '--train', '5', '--val', '2']
+          if layout == 'kvasir' else []),
         check=False)
     assert result.returncode == 1
     assert images[-1] in result.stderr and 'unreadable' in result.stderr
@@ -323,3 +424,150 @@ def test_isic_split_ratios_out_of_range_are_named(tmp_path):
     assert '--val-ratio=0.7 and --test-ratio=0.5 must be in [0, 1)' in \
         result.stderr
     assert not (tmp_path / 'out').exists()
+
+
+# --------------------------------------------------------------------------
+# the paper's UNet and recipe (configs/*/unet-*paper*_*-256x256.py)
+
+PAPER_CONFIGS = {
+    ('kcla', dataset): f'configs/kcla/unet-kcla-paper_{dataset}-256x256.py'
+    for dataset in CONFIG_DATA
+}
+PAPER_CONFIGS.update({
+    ('r18', dataset):
+    f'configs/kcla/unet-paper_r18_{dataset}-256x256.py'
+    for dataset in CONFIG_DATA
+})
+PAPER_CONFIGS.update({
+    (encoder, dataset):
+    f'configs/baselines/unet-paper_{encoder}-r18_{dataset}-256x256.py'
+    for encoder in ('la', 'mrla-light')
+    for dataset in CONFIG_DATA
+})
+# official myNormalize: (mean, std) of training, then of evaluation
+PAPER_NORMALISATION = {
+    'isic2017': ((159.922, 28.871), (148.429, 25.748)),
+    'isic2018': ((157.561, 26.706), (149.034, 32.022)),
+    'kvasir-seg': ((96.582, 24.0903), (96.093, 23.8102)),
+}
+
+
+@pytest.mark.parametrize('encoder,dataset', sorted(PAPER_CONFIGS))
+def test_paper_config_is_the_official_recipe(encoder, dataset):
+    cfg = Config.fromfile(PAPER_CONFIGS[encoder, dataset])
+    train = [t['type'] for t in cfg.train_dataloader.dataset.pipeline]
+    assert train == [
+        'LoadImageFromFile', 'LoadAnnotations', 'MeanStdMinMaxNormalize',
+        'RandomFlip', 'RandomFlip', 'RandomRotateNearest',
+        'ResizeThresholdMask', 'PackSegInputs'
+    ]
+    flips, rotate, resize = (cfg.train_dataloader.dataset.pipeline[3:5],
+                             cfg.train_dataloader.dataset.pipeline[5],
+                             cfg.train_dataloader.dataset.pipeline[6])
+    assert [(f.prob, f.direction) for f in flips] == [(0.5, 'horizontal'),
+                                                      (0.5, 'vertical')]
+    assert (rotate.prob, tuple(rotate.degree)) == (0.5, (0, 360))
+    assert tuple(resize.scale) == (256, 256)
+    test = cfg.test_dataloader.dataset.pipeline
+    assert test[3].type == 'ResizeThresholdMask' and test[3].set_ori_shape
+    train_norm = cfg.train_dataloader.dataset.pipeline[2]
+    for norm, values in zip(
+        (train_norm, test[1], cfg.val_dataloader.dataset.pipeline[1]),
+            PAPER_NORMALISATION[dataset] + PAPER_NORMALISATION[dataset][1:]):
+        assert (norm.mean, norm.std) == values
+    assert cfg.model.data_preprocessor.mean is None
+    assert cfg.model.data_preprocessor.std is None
+    assert [loss.type
+            for loss in cfg.model.decode_head.loss_decode] == ['BCEDiceLoss']
+    head = cfg.model.decode_head
+    assert (head.out_channels, head.threshold) == (1, 0.5)
+    assert cfg.val_evaluator.type == 'PooledPixelMetric'
+    assert cfg.test_evaluator.type == 'PooledPixelMetric'
+    assert cfg.train_dataloader.batch_size == 8
+    assert cfg.train_cfg.max_epochs == 300
+    split = cfg.test_dataloader.dataset.data_prefix.img_path
+    assert split == ('img_dir/val'
+                     if dataset == 'kvasir-seg' else 'img_dir/test')
+
+
+def paper_options(data_root, epochs, *extra, size=64):
+    """--cfg-options that shrink a paper config: images of ``size``,
+    ``epochs`` epochs with the cosine period shortened to them, no worker
+    processes."""
+    opts = [
+        f'data_root={data_root}', 'default_hooks.logger.interval=1',
+        f'train_dataloader.dataset.pipeline.6.scale=({size},{size})',
+        f'val_dataloader.dataset.pipeline.3.scale=({size},{size})',
+        f'test_dataloader.dataset.pipeline.3.scale=({size},{size})',
+        f'model.data_preprocessor.size=({size},{size})',
+        f'train_cfg.max_epochs={epochs}', f'train_cfg.val_interval={epochs}',
+        f'param_scheduler.0.end={epochs}', f'param_scheduler.0.T_max={epochs}',
+        f'default_hooks.checkpoint.interval={epochs}', 'randomness.seed=0'
+    ]
+    for loader in ('train', 'val', 'test'):
+        opts += [
+            f'{loader}_dataloader.num_workers=0',
+            f'{loader}_dataloader.persistent_workers=False'
+        ]
+    return ['--cfg-options', *opts, *extra]
+
+
+def official_figures(log):
+    return {
+        k: float(v)
+        for k, v in re.findall(r'official/(\w+): (-?[\d.]+)', log)
+    }
+
+
+def assert_official_figures(found, pixels):
+    assert set(found) == {
+        'fg_IoU', 'DSC', 'accuracy', 'sensitivity', 'specificity', 'TP', 'FP',
+        'FN', 'TN'
+    }
+    for key in ('fg_IoU', 'DSC', 'accuracy', 'sensitivity', 'specificity'):
+        assert 0 <= found[key] <= 100, found
+    # one confusion matrix over every pixel of the split, at the input size
+    assert sum(found[k] for k in ('TP', 'FP', 'FN', 'TN')) == pixels
+
+
+@pytest.mark.slow
+def test_paper_unet_trains_learns_and_tests(tmp_path):
+    raw, data = tmp_path / 'raw', tmp_path / 'isic2017'
+    make_archive('isic2017', raw, 24, '--seed', '5')  # train 12, val/test 6
+    prepare('isic2017', raw, data)
+    config = PAPER_CONFIGS['kcla', 'isic2017']
+    log = output_of(sys.executable, 'tools/train.py', config, '--work-dir',
+                    str(tmp_path / 'work'),
+                    *paper_options(data, 10, 'train_dataloader.batch_size=4'))
+    losses = [
+        float(v) for v in re.findall(r'Epoch\(train\).*?\bloss: ([\d.]+)', log)
+    ]
+    assert len(losses) == 30  # 10 epochs of 3 batches of 4
+    # seeded: 1.52 -> 1.43 measured
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.03, losses
+    found = official_figures(log)
+    assert_official_figures(found, 6 * 64 * 64)
+    assert found['DSC'] > 50, found  # measured 93.9
+    dumped = Config.fromfile(tmp_path / 'work' / osp.basename(config))
+    assert dumped.model.backbone.type == 'KCLAResNetUNetPaper'
+    assert glob.glob(str(tmp_path / 'work' / 'best_official_DSC_*.pth'))
+    log = output_of(sys.executable, 'tools/test.py', config,
+                    str(tmp_path / 'work' / 'epoch_10.pth'), '--work-dir',
+                    str(tmp_path / 'work'), *paper_options(data, 10))
+    assert_official_figures(official_figures(log), 6 * 64 * 64)
+
+
+@pytest.mark.parametrize('encoder,dataset', [('kcla', 'kvasir-seg'),
+                                             ('kcla', 'isic2018'),
+                                             ('r18', 'isic2017'),
+                                             ('la', 'kvasir-seg'),
+                                             ('mrla-light', 'isic2018')])
+@pytest.mark.slow
+def test_paper_config_trains_an_epoch(encoder, dataset, prepared, tmp_path):
+    _, data = prepared[CONFIG_DATA[dataset]]
+    log = output_of(
+        sys.executable, 'tools/train.py', PAPER_CONFIGS[encoder, dataset],
+        '--work-dir', str(tmp_path),
+        *paper_options(data, 1, 'train_dataloader.batch_size=3', size=32))
+    assert re.search(r'Epoch\(train\) \[1\]\[(\d+)/\1\]', log)  # last batch
+    assert_official_figures(official_figures(log), 3 * 32 * 32)

@@ -39,6 +39,31 @@ ISIC_LAYOUTS = {
     },
 }
 
+# The Kvasir-SEG split of the paper's code (github bgx666/KCLA,
+# segmentation/data/kvasir/{train,val}.txt): 700 / 300 image file names,
+# shipped with the package (package_data) as kcla_mm/datasets/splits/.
+SPLITS_DIR = osp.join(osp.dirname(osp.abspath(__file__)), 'splits')
+KVASIR_OFFICIAL_SPLIT = {
+    'train': 'kvasir_seg_official_train.txt',
+    'val': 'kvasir_seg_official_val.txt',
+}
+
+
+def kvasir_official_split_files() -> Dict[str, str]:
+    """split -> path of the official Kvasir-SEG id list inside the
+    installed package (one file name a line)."""
+    return {
+        split: osp.join(SPLITS_DIR, name)
+        for split, name in KVASIR_OFFICIAL_SPLIT.items()
+    }
+
+
+def read_split_file(path: str) -> List[str]:
+    """The ids of a split file: one a line, blank lines skipped, an image
+    extension (``.jpg``) dropped."""
+    with open(path, encoding='utf-8') as f:
+        return [osp.splitext(line.strip())[0] for line in f if line.strip()]
+
 
 class PreparationError(RuntimeError):
     """A file of the raw archive that cannot be converted."""

@@ -5,7 +5,7 @@
     python tools/misc/make_synthetic_medseg.py --layout isic2018 OUT \
         [--count 12] [--train-only]
     python tools/misc/make_synthetic_medseg.py --layout kvasir OUT \
-        [--count 20]
+        [--count 20 | --official-split]
 
 Images are jpg: lesion-like (ISIC: dark irregular blobs on skin-toned,
 textured backgrounds) or polyp-like (Kvasir: pink bulges on reddish
@@ -13,7 +13,9 @@ mucosa). Masks are stored as the official files store them: ISIC png with
 0/255 (ISIC 2017 also has *_superpixels.png beside the images and a
 metadata csv; ISIC 2018 a LICENSE.txt in each folder), Kvasir jpg (0/255
 with compression noise). --count is split over train/val/test for ISIC
-(2:1:1), all in one folder for Kvasir.
+(2:1:1), all in one folder for Kvasir. --official-split (Kvasir) names the
+images after the 1000 ids of the official Kvasir-SEG split, the default of
+prepare_kvasir.py, instead of --count made-up ids.
 """
 import argparse
 import os
@@ -22,7 +24,9 @@ import os.path as osp
 import cv2
 import numpy as np
 
-from kcla_mm.datasets.preparation import ISIC_LAYOUTS
+from kcla_mm.datasets.preparation import (ISIC_LAYOUTS,
+                                          kvasir_official_split_files,
+                                          read_split_file)
 
 # The official folder names, as prepare_isic.py reads them.
 ISIC_FOLDERS = {
@@ -44,8 +48,15 @@ def parse_args(argv=None):
         '--train-only',
         action='store_true',
         help='isic2018: write only the training part')
+    parser.add_argument(
+        '--official-split',
+        action='store_true',
+        help='kvasir: one pair for each id of the official split (1000), '
+        'instead of --count')
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args(argv)
+    if args.official_split and args.layout != 'kvasir':
+        parser.error('--official-split is for --layout kvasir')
     if args.count < 4:
         parser.error('--count must be at least 4')
     return args
@@ -131,14 +142,23 @@ def write_kvasir(args, rng):
     root = osp.join(args.out, 'Kvasir-SEG')
     for folder in ('images', 'masks'):
         os.makedirs(osp.join(root, folder), exist_ok=True)
-    for i in range(args.count):
-        stem = f'cju{i:04d}synthetic{rng.integers(1e6):06d}'
+    official = [
+        sample_id for path in kvasir_official_split_files().values()
+        for sample_id in read_split_file(path)
+    ] if args.official_split else None
+    count = len(official) if official else args.count
+    for i in range(count):
+        # made-up ids drawn between the pairs, as before --official-split:
+        # the same seed still writes the same archive
+        stem = (
+            official[i]
+            if official else f'cju{i:04d}synthetic{rng.integers(1e6):06d}')
         img, mask = draw_pair(rng, *args.size, 'polyp')
         cv2.imwrite(osp.join(root, 'images', stem + '.jpg'), img)
         cv2.imwrite(
             osp.join(root, 'masks', stem + '.jpg'), mask * 255,
             [cv2.IMWRITE_JPEG_QUALITY, 75])
-    return dict(all=args.count)
+    return dict(all=count)
 
 
 def main(argv=None):

@@ -1,5 +1,6 @@
 # Kvasir-SEG in the layout of tools/dataset_converters/prepare_kvasir.py
-# (880 train / 120 val; the val split doubles as the test split): the ISIC
+# (by default the official 700 train / 300 val split, --random-split 880 /
+# 120; the val split doubles as the test split): the ISIC
 # 2017 settings with its own dataset and root.
 _base_ = './isic2017.py'
 dataset_type = 'KvasirSEGDataset'

@@ -1,0 +1,3 @@
+from .bce_dice_loss import BCEDiceLoss
+
+__all__ = ['BCEDiceLoss']

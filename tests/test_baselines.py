@@ -15,7 +15,8 @@ from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS as MMSEG_MODELS
 
 from kcla_mm.analysis.complexity import count_flops, inference_state_bytes
-from kcla_mm.models import KCLAResNet, LAResNet, MRLALightResNet
+from kcla_mm.models import (KCLAResNet, LAResNet, LAResNetUNetPaper,
+                            MRLALightResNet, MRLALightResNetUNetPaper)
 from kcla_mm.models.backbones import MMSegLAResNet, MMSegMRLALightResNet
 from kcla_mm.models.layers import LALayer, MRLALightLayer
 from helpers import ROOT
@@ -222,14 +223,25 @@ def test_config_builds_its_model(path):
     cfg = Config.fromfile(path)
     name = osp.basename(path)
     want = 'LAResNet' if '_la-' in name else 'MRLALightResNet'
+    paper = name.startswith('unet-paper_')  # the paper's own UNet layout
+    if paper:
+        want += 'UNetPaper'
     assert cfg.model.backbone.type == want
     scope = cfg.get('default_scope', 'mmdet')
     init_default_scope(scope)
     registry = MMSEG_MODELS if scope == 'mmseg' else MMDET_MODELS
     model = registry.build(cfg.model)
-    expected = (
-        MMSEG_BASELINES[want] if scope == 'mmseg' else BASELINES[want][0])
+    if paper:
+        expected = (
+            LAResNetUNetPaper if '_la-' in name else MRLALightResNetUNetPaper)
+    else:
+        expected = (
+            MMSEG_BASELINES[want] if scope == 'mmseg' else BASELINES[want][0])
     assert type(model.backbone) is expected
+    if paper:
+        # The official encoder: stages of 32 / 64 / 128 / 128 planes.
+        assert list(model.backbone.stage_planes) == [32, 64, 128, 128]
+        return
     if name.startswith(('faster', 'mask')):
         # The ResNet part starts from plain ImageNet ResNet-50 weights.
         assert cfg.model.backbone.depth == 50

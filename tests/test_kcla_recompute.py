@@ -12,6 +12,7 @@ from mmdet.models.backbones import ResNet
 from kcla_mm.analysis.complexity import saved_activation_bytes
 from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers.kcla.compiled import extension
+from kcla_mm.models.layers.kcla.recompute import StateTape
 from helpers import assert_close_to_max, pair, train_step
 
 FORMATS = {
@@ -141,6 +142,45 @@ def test_keeps_one_state_per_stage_not_per_layer(implementation, setting):
     bound = blocks + states + 0.01 * saved['resnet']
     assert saved['ours'] - saved['resnet'] <= bound, (saved, blocks, states)
     assert saved['fused'] - saved['resnet'] > bound + blocks, saved
+
+
+@pytest.mark.parametrize('setting', ['bn', 'detection'])
+@pytest.mark.parametrize('implementation', LEAN)
+def test_backward_recomputes_one_stage_at_a_time(monkeypatch, implementation,
+                                                 setting):
+    """A stage's tape starts from what its first layer's Algorithm 1 kept
+    (what the strided adapter reads of the previous stage's state), not
+    from the previous stage's tape: while the last stage recomputes its
+    states, no earlier stage holds recomputed ones (recomputing back to
+    the network's first block once held every stage's states at the start
+    of backward)."""
+    tapes = []
+    init, state = StateTape.__init__, StateTape.state
+
+    def recording_init(tape, start):
+        init(tape, start)
+        tapes.append(tape)
+
+    held_by_others = []
+
+    def checking_state(tape, step, keep=False):
+        out = state(tape, step, keep)
+        held_by_others.append(
+            sum(t.numel() for other in tapes if other is not tape
+                for t in other.cache.values() if t is not None))
+        return out
+
+    monkeypatch.setattr(StateTape, '__init__', recording_init)
+    monkeypatch.setattr(StateTape, 'state', checking_state)
+    _, model = pair(50, implementation=implementation, **SETTINGS[setting])
+    model.train()
+    x = torch.rand(2, 3, 64, 64, requires_grad=True)
+    sum(o.mean() for o in model(x)).backward()
+    used = [tape for tape in tapes if tape.nodes]
+    assert len(used) == 4
+    assert held_by_others and max(held_by_others) == 0, held_by_others
+    # Every tape was used up.
+    assert all(not tape.cache for tape in tapes)
 
 
 def with_cp_fallback(case):

@@ -155,9 +155,15 @@ def scaled_adapt(adapter: nn.Conv2d, a: Tensor, in_scale: Tensor) -> Tensor:
     the scale goes into per-sample copies of the adapter's weights, so that
     it is applied to the weights instead of to every value of ``a`` (whose
     size is 4x the output's at stride 2), forward and backward."""
-    sub, (h, w) = grouped_strided_input(adapter, a)
+    return adapt_strided(adapter, *grouped_strided_input(adapter, a), in_scale)
+
+
+def adapt_strided(adapter: nn.Conv2d, sub: Tensor, size: Tuple[int, int],
+                  in_scale: Tensor) -> Tensor:
+    """:func:`scaled_adapt` from what the adapter reads of ``a``: ``sub``
+    and ``size`` as :func:`grouped_strided_input` gives them."""
     weight = per_sample_weight(adapter, in_scale)
-    return (weight @ sub).view(in_scale.shape[0], adapter.out_channels, h, w)
+    return (weight @ sub).view(in_scale.shape[0], adapter.out_channels, *size)
 
 
 def per_sample_weight(adapter: nn.Conv2d, in_scale: Tensor) -> Tensor:

@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ....torch_compat import is_autocast_enabled, is_exporting
-from ..attention_branch import (adapt_state, add_branch, bn_affine,
-                                full_precision, grouped_strided_input,
-                                head_scaled_add, is_frozen_bn,
-                                is_plain_pointwise, matmul_adapts,
-                                per_sample_weight, pooled_conv, pooled_linear,
-                                scale_branch, scaled_adapt, spatial_mean)
+from ..attention_branch import (adapt_state, adapt_strided, add_branch,
+                                bn_affine, full_precision,
+                                grouped_strided_input, head_scaled_add,
+                                is_frozen_bn, is_plain_pointwise,
+                                matmul_adapts, per_sample_weight, pooled_conv,
+                                pooled_linear, scale_branch, spatial_mean)
 from ..profiling import phase
 from .params import KCLAParams
 from .state import STATE_EPS, KCLAState
@@ -59,13 +59,43 @@ def fused_renormalise(
     ``A Z'``; ``norm`` replaces ``p.state_norm`` (see
     :func:`folded_value`)."""
     u, z = state.u, state.z
+    if adapts_by_matmul(p, u):
+        return renormalise_strided_input(
+            p, *grouped_strided_input(p.state_adapt, u), z, norm)
+    a = head_scaled_add(None, z.reciprocal(), u)
+    return normalise_adapted(
+        p, adapt_state(p.state_adapt, a.to(p.value_weight.dtype)), norm)
+
+
+def adapts_by_matmul(p: KCLAParams, u: Tensor) -> bool:
+    """Whether :func:`fused_renormalise` runs Algorithm 1's adapter on
+    ``u`` as a batched matmul (:func:`.matmul_adapts`), reading only
+    :func:`.grouped_strided_input` of it."""
     conv = p.state_adapt
-    if (conv is not None and u.dtype == p.value_weight.dtype
-            and matmul_adapts(conv, u)):
-        a = scaled_adapt(conv, u, channel_reciprocal(z, u.shape[1]))
-    else:
-        a = head_scaled_add(None, z.reciprocal(), u)
-        a = adapt_state(conv, a.to(p.value_weight.dtype))
+    return (conv is not None and u.dtype == p.value_weight.dtype
+            and matmul_adapts(conv, u))
+
+
+def renormalise_strided_input(
+        p: KCLAParams,
+        sub: Tensor,
+        size: Tuple[int, int],
+        z: Tensor,
+        norm: Optional[Callable[[Tensor], Tensor]] = None) -> KCLAState:
+    """:func:`fused_renormalise` from what its adapter reads of ``U``
+    (``sub`` and ``size`` of :func:`.grouped_strided_input`; a quarter
+    of ``U`` at stride 2), where :func:`adapts_by_matmul`."""
+    c_in = sub.shape[1] * sub.shape[2]
+    a = adapt_strided(p.state_adapt, sub, size, channel_reciprocal(z, c_in))
+    return normalise_adapted(p, a, norm)
+
+
+def normalise_adapted(
+        p: KCLAParams,
+        a: Tensor,
+        norm: Optional[Callable[[Tensor], Tensor]] = None) -> KCLAState:
+    """The rest of Algorithm 1 after the adapter: ``Norm_s(A)``, its new
+    weights ``Z'`` and ``U' = A Z'``."""
     a = (p.state_norm if norm is None else norm)(a)
     z = renormalised_weights(p, spatial_mean(a))
     return KCLAState(head_scaled_add(None, z, a), z)

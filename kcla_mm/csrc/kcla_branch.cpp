@@ -18,19 +18,22 @@
 // The pure-PyTorch layer (kcla/layer.py, forward_reference) is the oracle
 // these are tested against (tests/test_kcla_compiled.py).
 //
-// Threads: every at::parallel_for splits whole planes (setup.py builds with
-// -fopenmp, against torch's OpenMP runtime), and a plane's sums run in one
-// thread in a fixed order (kBlock blocks; no alignment peeling, which would
-// make them depend on a scratch buffer's address). What spans planes (the
-// batch statistics, the parameters' gradients) is summed after the
-// parallel loop, serially, in plane order: results are bit for bit the same
-// for any thread count (tests/test_kcla_threads.py).
+// Threads: every at::parallel_for splits whole planes, or whole channels
+// where a training norm needs a channel's N planes together (setup.py
+// builds with -fopenmp, against torch's OpenMP runtime), and a plane's sums
+// run in one thread in a fixed order (kBlock blocks; no alignment peeling,
+// which would make them depend on a scratch buffer's address). What spans
+// planes is summed in a fixed order too: a channel's batch statistics by
+// the thread that owns the channel, in sample order; the parameters'
+// gradients after the parallel loop, serially, in plane order. Results are
+// bit for bit the same for any thread count (tests/test_kcla_threads.py).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 // One copy of each hot loop for x86-64-v3 (AVX2, FMA) machines and one for any x86-64,
@@ -401,6 +404,40 @@ KCLA_CLONES double state_backward(const T* __restrict grad_u_next,
   return total;
 }
 
+// count scratch planes of hw values for one thread, each starting on a
+// 64-byte boundary: planes of 14 x 14 or 7 x 7 values packed end to end
+// would leave most of them misaligned, which made the vector loops over
+// them slower than recomputing the planes.
+template <typename T>
+class ScratchPlanes {
+ public:
+  ScratchPlanes(int64_t count, int64_t hw)
+      : stride_((hw * int64_t(sizeof(T)) + 63) / 64 * 64 / int64_t(sizeof(T))),
+        buffer_(count * stride_ + 64 / sizeof(T)) {
+    const auto address = reinterpret_cast<std::uintptr_t>(buffer_.data());
+    base_ = buffer_.data() + (64 - address % 64) % 64 / sizeof(T);
+  }
+  T* operator[](int64_t i) { return base_ + i * stride_; }
+
+ private:
+  int64_t stride_;
+  std::vector<T> buffer_;
+  T* base_;
+};
+
+// How many channels a thread takes at a time where a training norm needs a
+// channel's N planes together: as many as keep their scratch planes
+// (plane_bytes each, N per channel) within about 256 KiB, so that small
+// planes (7 x 7 at stage 4) are visited sample by sample in memory order
+// rather than one isolated plane per sample and channel, but at most a
+// quarter of each thread's share of the channels.
+int64_t channel_block(int64_t C, int64_t N, int64_t plane_bytes) {
+  const int64_t fits = std::max<int64_t>(1, (256 << 10) / (N * plane_bytes));
+  const int64_t share =
+      std::max<int64_t>(1, C / (4 * int64_t(at::get_num_threads())));
+  return std::min(fits, share);
+}
+
 // The norm of channel c: y = a (v - mean) + beta, a = gamma invstd.
 struct ChannelNorm {
   double mean, a, beta, invstd;
@@ -521,35 +558,68 @@ std::vector<Tensor> branch_forward(
     T* meanp = mean.data_ptr<T>();
     T* varp = var.data_ptr<T>();
 
+    // The norm folded into the kernel, ReLU, drop path and the residual
+    // add of plane nc, from its conv output v.
+    auto finish_plane = [&](int64_t nc, const T* v) {
+      const int64_t c = in.channel(nc);
+      const T mb = in.drop_factor(nc) * in.branch_factor(nc);
+      if (mb == T(0)) {
+        // A dropped sample (or a branch scale of 0): out = X^t.
+        if (!inplace)
+          std::copy(in.x + nc * HW, in.x + (nc + 1) * HW, op + nc * HW);
+        return;
+      }
+      const ChannelNorm cn = in.norm(c, meanp[c], varp[c], eps);
+      relu_residual<T>(op + nc * HW, in.x + nc * HW, v, meanp[c], T(cn.a),
+                       T(cn.beta), mb, HW);
+    };
+
     if (batch_stats) {
-      // Pass 1: the new state and the plane statistics of v (Chan's
-      // parallel combination over the batch below).
-      std::vector<double> plane_mean(planes), plane_m2(planes);
-      at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-        std::vector<T> v(HW);
-        for (int64_t nc = begin; nc < end; ++nc) {
-          T* un = unp + nc * HW;
-          in.update_state(un, nc);
-          T k[9];
-          in.scaled_kernel(nc, k);
-          conv3x3<T>(un, v.data(), k, g.H, g.W);
-          const double m = flat_sum<T>(v.data(), HW) / HW;
-          plane_mean[nc] = m;
-          plane_m2[nc] = centered_square<T>(v.data(), T(m), HW);
+      // A block of channels at a time (channel_block), their N planes'
+      // conv outputs in scratch planes: the state update and the conv of
+      // pass 1 give the batch statistics (Chan's parallel combination over
+      // the batch, in sample order), and pass 2 reads the outputs back
+      // from cache instead of recomputing them.
+      const int64_t block = channel_block(g.C, g.N, HW * sizeof(T));
+      const int64_t blocks = (g.C + block - 1) / block;
+      at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+        ScratchPlanes<T> v(block * g.N, HW);
+        std::vector<double> plane_mean(block * g.N), plane_m2(block * g.N);
+        for (int64_t b = begin; b < end; ++b) {
+          const int64_t c0 = b * block, c1 = std::min(g.C, c0 + block);
+          // Scratch plane i = (c - c0) N + n.
+          for (int64_t n = 0; n < g.N; ++n) {
+            for (int64_t c = c0; c < c1; ++c) {
+              const int64_t nc = n * g.C + c, i = (c - c0) * g.N + n;
+              T* un = unp + nc * HW;
+              in.update_state(un, nc);
+              T k[9];
+              in.scaled_kernel(nc, k);
+              conv3x3<T>(un, v[i], k, g.H, g.W);
+              const double m = flat_sum<T>(v[i], HW) / HW;
+              plane_mean[i] = m;
+              plane_m2[i] = centered_square<T>(v[i], T(m), HW);
+            }
+          }
+          for (int64_t c = c0; c < c1; ++c) {
+            const double* pm = plane_mean.data() + (c - c0) * g.N;
+            const double* pm2 = plane_m2.data() + (c - c0) * g.N;
+            double m = 0;
+            for (int64_t n = 0; n < g.N; ++n) m += pm[n];
+            m /= g.N;
+            double m2 = 0;
+            for (int64_t n = 0; n < g.N; ++n) {
+              const double d = pm[n] - m;
+              m2 += pm2[n] + HW * d * d;
+            }
+            meanp[c] = T(m);
+            varp[c] = T(m2 / (g.N * HW));
+          }
+          for (int64_t n = 0; n < g.N; ++n)
+            for (int64_t c = c0; c < c1; ++c)
+              finish_plane(n * g.C + c, v[(c - c0) * g.N + n]);
         }
       });
-      for (int64_t c = 0; c < g.C; ++c) {
-        double m = 0;
-        for (int64_t n = 0; n < g.N; ++n) m += plane_mean[n * g.C + c];
-        m /= g.N;
-        double m2 = 0;
-        for (int64_t n = 0; n < g.N; ++n) {
-          const double d = plane_mean[n * g.C + c] - m;
-          m2 += plane_m2[n * g.C + c] + HW * d * d;
-        }
-        meanp[c] = T(m);
-        varp[c] = T(m2 / (g.N * HW));
-      }
     } else {
       const T* rmp = running_mean->data_ptr<T>();
       const T* rvp = running_var->data_ptr<T>();
@@ -557,31 +627,21 @@ std::vector<Tensor> branch_forward(
         meanp[c] = rmp[c];
         varp[c] = rvp[c];
       }
-    }
-
-    // Pass 2 (the only one with running statistics): the norm folded into
-    // the kernel, ReLU, drop path and the residual add.
-    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> v(HW);
-      for (int64_t nc = begin; nc < end; ++nc) {
-        const int64_t c = in.channel(nc);
-        T* un = unp + nc * HW;
-        if (!batch_stats) in.update_state(un, nc);
-        const T mb = in.drop_factor(nc) * in.branch_factor(nc);
-        if (mb == T(0)) {
-          // A dropped sample (or a branch scale of 0): out = X^t.
-          if (!inplace)
-            std::copy(in.x + nc * HW, in.x + (nc + 1) * HW, op + nc * HW);
-          continue;
+      // One pass: the state update, the conv and the rest per plane.
+      at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+        std::vector<T> v(HW);
+        for (int64_t nc = begin; nc < end; ++nc) {
+          T* un = unp + nc * HW;
+          in.update_state(un, nc);
+          if (in.drop_factor(nc) * in.branch_factor(nc) != T(0)) {
+            T k[9];
+            in.scaled_kernel(nc, k);
+            conv3x3<T>(un, v.data(), k, g.H, g.W);
+          }
+          finish_plane(nc, v.data());
         }
-        const ChannelNorm cn = in.norm(c, meanp[c], varp[c], eps);
-        T k[9];
-        in.scaled_kernel(nc, k);
-        conv3x3<T>(un, v.data(), k, g.H, g.W);
-        relu_residual<T>(op + nc * HW, in.x + nc * HW, v.data(), meanp[c],
-                         T(cn.a), T(cn.beta), mb, HW);
-      }
-    });
+      });
+    }
   });
   return {out, u_new, mean, var};
 }
@@ -618,82 +678,100 @@ std::vector<Tensor> branch_backward(
     T* gupp = grad_u_prev.data_ptr<T>();
 
     // Per plane: U^t, v = DWConv(U^t; s k) (the forward's v, bit for bit,
-    // so the ReLU mask is the forward's) and dL/dy into the scratch
-    // buffers, and the plane sums the norm's and branch scale's gradients
-    // need.
-    struct Scratch {
-      std::vector<T> u, v, gy;
-      explicit Scratch(int64_t hw) : u(hw), v(hw), gy(hw) {}
-    };
-    auto recompute = [&](int64_t nc, Scratch& b, T* k) {
+    // so the ReLU mask is the forward's) and dL/dy into u, v and gy, and
+    // the plane sums the norm's and branch scale's gradients need.
+    auto recompute = [&](int64_t nc, T* u, T* v, T* gy, T* k) {
       const int64_t c = in.channel(nc);
-      in.update_state(b.u.data(), nc);
+      in.update_state(u, nc);
       in.scaled_kernel(nc, k);
-      conv3x3<T>(b.u.data(), b.v.data(), k, g.H, g.W);
+      conv3x3<T>(u, v, k, g.H, g.W);
       const ChannelNorm cn = in.norm(c, meanp[c], varp[c], eps);
       double sums[3];
-      relu_backward<T>(b.v.data(), gop + nc * HW, b.gy.data(), meanp[c],
-                       T(cn.a), T(cn.beta), T(cn.invstd), in.drop_factor(nc),
-                       in.branch_factor(nc), HW, sums);
+      relu_backward<T>(v, gop + nc * HW, gy, meanp[c], T(cn.a), T(cn.beta),
+                       T(cn.invstd), in.drop_factor(nc), in.branch_factor(nc),
+                       HW, sums);
       gy_sum[nc] = sums[0];
       gy_vhat[nc] = sums[1];
       gbs[nc] = sums[2];
-      return cn;
     };
-    auto channel_sums = [&] {
-      for (int64_t c = 0; c < g.C; ++c) {
-        double s1 = 0, s2 = 0;
-        for (int64_t n = 0; n < g.N; ++n) {
-          s1 += gy_sum[n * g.C + c];
-          s2 += gy_vhat[n * g.C + c];
-        }
-        ch_gy_sum[c] = s1;
-        ch_gy_vhat[c] = s2;
+    auto channel_sum = [&](int64_t c) {
+      double s1 = 0, s2 = 0;
+      for (int64_t n = 0; n < g.N; ++n) {
+        s1 += gy_sum[n * g.C + c];
+        s2 += gy_vhat[n * g.C + c];
       }
+      ch_gy_sum[c] = s1;
+      ch_gy_vhat[c] = s2;
+    };
+    // The rest of plane nc's backward from its recomputed u, v, gy and
+    // applied kernel k; gv and gu are scratch planes.
+    auto plane_backward = [&](int64_t nc, const T* u, const T* v,
+                              const T* gy, const T* k, T* gv, T* gu) {
+      const int64_t c = in.channel(nc);
+      const ChannelNorm cn = in.norm(c, meanp[c], varp[c], eps);
+      const T s = in.scale[in.head_index(nc)];
+      const T mean_gy = batch_stats ? T(ch_gy_sum[c] / count) : T(0);
+      const T mean_gy_vhat = batch_stats ? T(ch_gy_vhat[c] / count) : T(0);
+      norm_backward<T>(gy, v, gv, meanp[c], T(cn.a), T(cn.invstd), mean_gy,
+                       mean_gy_vhat, HW);
+      // The gradient of the applied kernel K = s k gives both
+      // dL/dk = s dL/dK and dL/ds = sum_t k_t dL/dK_t.
+      double gK[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+      conv3x3_kernel_grad<T>(gv, u, gK, g.H, g.W);
+      double gs_plane = 0;
+      for (int t = 0; t < 9; ++t) {
+        gk[nc * 9 + t] = double(s) * gK[t];
+        gs_plane += double(in.kernel[c * 9 + t]) * gK[t];
+      }
+      T flipped[9];
+      for (int t = 0; t < 9; ++t) flipped[t] = k[8 - t];
+      conv3x3<T>(gv, gu, flipped, g.H, g.W);
+      gs[nc] = gs_plane;
+      gw[nc] = state_backward<T>(gup + nc * HW, gu, gop + nc * HW,
+                                 in.x + nc * HW, gupp + nc * HW,
+                                 gxp + nc * HW, in.w[in.head_index(nc)], HW);
     };
 
     if (batch_stats) {
-      // Pass 1: a training norm's gradient needs the batch's sums of dL/dy
-      // and dL/dy * vhat before any plane's dL/dv.
-      at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-        Scratch b(HW);
-        T k[9];
-        for (int64_t nc = begin; nc < end; ++nc) recompute(nc, b, k);
-      });
-      channel_sums();
-    }
-
-    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
-      Scratch b(HW);
-      std::vector<T> gv(HW), gu(HW);
-      for (int64_t nc = begin; nc < end; ++nc) {
-        const int64_t c = in.channel(nc);
-        T k[9];
-        const ChannelNorm cn = recompute(nc, b, k);
-        const T s = in.scale[in.head_index(nc)];
-        const T mean_gy = batch_stats ? T(ch_gy_sum[c] / count) : T(0);
-        const T mean_gy_vhat = batch_stats ? T(ch_gy_vhat[c] / count) : T(0);
-        norm_backward<T>(b.gy.data(), b.v.data(), gv.data(), meanp[c],
-                         T(cn.a), T(cn.invstd), mean_gy, mean_gy_vhat, HW);
-        // The gradient of the applied kernel K = s k gives both
-        // dL/dk = s dL/dK and dL/ds = sum_t k_t dL/dK_t.
-        double gK[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-        conv3x3_kernel_grad<T>(gv.data(), b.u.data(), gK, g.H, g.W);
-        double gs_plane = 0;
-        for (int t = 0; t < 9; ++t) {
-          gk[nc * 9 + t] = double(s) * gK[t];
-          gs_plane += double(in.kernel[c * 9 + t]) * gK[t];
+      // A training norm's gradient needs the batch's sums of dL/dy and
+      // dL/dy vhat before any plane's dL/dv: a block of channels at a time
+      // (channel_block), their N planes recomputed into scratch planes,
+      // summed, then finished from the scratch while it is in cache.
+      const int64_t block = channel_block(g.C, g.N, 3 * HW * sizeof(T));
+      const int64_t blocks = (g.C + block - 1) / block;
+      at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+        ScratchPlanes<T> u(block * g.N, HW), v(block * g.N, HW),
+            gy(block * g.N, HW), grads(2, HW);
+        std::vector<T> k(block * g.N * 9);
+        for (int64_t b = begin; b < end; ++b) {
+          const int64_t c0 = b * block, c1 = std::min(g.C, c0 + block);
+          // Scratch plane i = (c - c0) N + n.
+          for (int64_t n = 0; n < g.N; ++n)
+            for (int64_t c = c0; c < c1; ++c) {
+              const int64_t i = (c - c0) * g.N + n;
+              recompute(n * g.C + c, u[i], v[i], gy[i], k.data() + i * 9);
+            }
+          for (int64_t c = c0; c < c1; ++c) channel_sum(c);
+          for (int64_t n = 0; n < g.N; ++n)
+            for (int64_t c = c0; c < c1; ++c) {
+              const int64_t i = (c - c0) * g.N + n;
+              plane_backward(n * g.C + c, u[i], v[i], gy[i], k.data() + i * 9,
+                             grads[0], grads[1]);
+            }
         }
-        T flipped[9];
-        for (int t = 0; t < 9; ++t) flipped[t] = k[8 - t];
-        conv3x3<T>(gv.data(), gu.data(), flipped, g.H, g.W);
-        gs[nc] = gs_plane;
-        gw[nc] = state_backward<T>(gup + nc * HW, gu.data(), gop + nc * HW,
-                                   in.x + nc * HW, gupp + nc * HW,
-                                   gxp + nc * HW, in.w[in.head_index(nc)], HW);
-      }
-    });
-    if (!batch_stats) channel_sums();
+      });
+    } else {
+      at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+        std::vector<T> u(HW), v(HW), gy(HW), gv(HW), gu(HW);
+        T k[9];
+        for (int64_t nc = begin; nc < end; ++nc) {
+          recompute(nc, u.data(), v.data(), gy.data(), k);
+          plane_backward(nc, u.data(), v.data(), gy.data(), k, gv.data(),
+                         gu.data());
+        }
+      });
+      for (int64_t c = 0; c < g.C; ++c) channel_sum(c);
+    }
   });
 
   // The per-plane sums reduced to the parameters' shapes (in double, then

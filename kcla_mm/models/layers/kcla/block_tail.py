@@ -35,6 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..cross_layer_block import CROSS_LAYER_BLOCKS
 from .compiled import compiled_applies, compiled_forward, extension
+from .params import KCLAParams
 from .state import KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,9 +63,13 @@ def tail_norm(block: nn.Module) -> nn.Module:
     return block.norm3 if isinstance(block, BOTTLENECKS) else block.norm2
 
 
-def tail_fuses(block: nn.Module, layer: 'KCLALayer', x: Tensor,
-               state: Optional[KCLAState]) -> bool:
-    """Whether :func:`fused_block_and_kcla` applies (module docstring)."""
+def tail_fuses(block: nn.Module,
+               layer: 'KCLALayer',
+               x: Tensor,
+               state: Optional[KCLAState],
+               params: Optional[KCLAParams] = None) -> bool:
+    """Whether :func:`fused_block_and_kcla` applies (module docstring);
+    ``params``, where given, are ``layer.params()``."""
     if (torch.is_grad_enabled() or type(block) not in KNOWN_BLOCKS):
         return False
     norm = tail_norm(block)
@@ -77,7 +82,8 @@ def tail_fuses(block: nn.Module, layer: 'KCLALayer', x: Tensor,
             and not any(map(has_hooks, (block, norm, block.relu, layer)))
             and not module_hooks._global_forward_hooks
             and not module_hooks._global_forward_pre_hooks
-            and compiled_applies(layer.params(), x, state))
+            and compiled_applies(layer.params() if params is None else params,
+                                 x, state))
 
 
 def fused_block_and_kcla(
@@ -85,7 +91,10 @@ def fused_block_and_kcla(
         state: Optional[KCLAState]) -> Optional[Tuple[Tensor, KCLAState]]:
     """``layer(block(x), state)`` with the block's tail fused into the
     kernels where :func:`tail_fuses`; None (nothing run) elsewhere."""
-    if not tail_fuses(block, layer, x, state):
+    # Built once: at batch 1 the walk over the layer's modules costs as
+    # much as a small plane's kernels.
+    params = layer.params()
+    if not tail_fuses(block, layer, x, state, params):
         return None
     # The block's forward (mmdet's and mmseg's alike) up to its last conv.
     out = block.relu(block.norm1(block.conv1(x)))
@@ -103,4 +112,4 @@ def fused_block_and_kcla(
                                                       norm.running_var,
                                                       norm.eps)
     return compiled_forward(
-        layer.params(), block_out, state, means=means, overwrite_x=True)
+        params, block_out, state, means=means, overwrite_x=True)

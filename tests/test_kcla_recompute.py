@@ -4,6 +4,8 @@ across whole backbones: the reference's outputs, gradients and BN
 statistics, and the activation memory they were made for. The layer-level
 parity is in test_kcla_fused.py, the kernels' own in test_kcla_compiled.py.
 """
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -163,8 +165,8 @@ def test_backward_recomputes_one_stage_at_a_time(monkeypatch, implementation,
 
     held_by_others = []
 
-    def checking_state(tape, step, keep=False):
-        out = state(tape, step, keep)
+    def checking_state(tape, step):
+        out = state(tape, step)
         held_by_others.append(
             sum(t.numel() for other in tapes if other is not tape
                 for t in other.cache.values() if t is not None))
@@ -180,6 +182,40 @@ def test_backward_recomputes_one_stage_at_a_time(monkeypatch, implementation,
     assert len(used) == 4
     assert held_by_others and max(held_by_others) == 0, held_by_others
     # Every tape was used up.
+    assert all(not tape.cache for tape in tapes)
+
+
+@pytest.mark.parametrize('implementation', LEAN)
+def test_a_long_stage_holds_about_two_square_roots_of_states(
+        monkeypatch, implementation):
+    """ResNet-101's third stage runs 12 layers on one tape after the
+    official block 11: its backward holds the start, checkpoints and the
+    states of the last few steps (about 2 sqrt(12)), not all 12 at once."""
+    tapes, held = [], {}
+    init, recompute = StateTape.__init__, StateTape.recompute
+
+    def recording_init(tape, start):
+        init(tape, start)
+        tapes.append(tape)
+
+    def counting_recompute(tape, step):
+        recompute(tape, step)
+        held[tape] = max(held.get(tape, 0), len(tape.cache))
+
+    monkeypatch.setattr(StateTape, '__init__', recording_init)
+    monkeypatch.setattr(StateTape, 'recompute', counting_recompute)
+    _, model = pair(101, implementation=implementation, norm_eval=False)
+    model.train()
+    x = torch.rand(2, 3, 32, 32, requires_grad=True)
+    sum(o.mean() for o in model(x)).backward()
+    longest = max((t for t in tapes if t.nodes), key=lambda t: len(t.nodes))
+    layers = len(longest.nodes)
+    assert layers == 12
+    # The first request, for the state after 11 updates, caches the
+    # start, every k-th state and the last k, k = ceil(sqrt(11)) = 4.
+    k = math.isqrt(layers - 2) + 1
+    assert held[longest] <= 1 + (layers - 1) // k + k < layers
+    assert held[longest] <= 7, held[longest]
     assert all(not tape.cache for tape in tapes)
 
 

@@ -22,6 +22,7 @@ fused path, as do inference and frozen layers (nothing to differentiate).
 Tested against the reference in tests/test_kcla_fused.py (one layer) and
 tests/test_kcla_recompute.py (whole backbones).
 """
+import math
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -121,8 +122,12 @@ class StateTape:
     dominates ``Z^{t-1}``). The start comes from ``start``: None at the
     network's first block, else recomputed from what the run's first node
     or the re-normalisation node keeps. Backward visits the layers last to
-    first, so the first request computes the run's states once and caches
-    them; each is dropped when its one consumer has taken it.
+    first: a request recomputes from the nearest state still cached below
+    it and caches, on the way, the states of the last ``k`` steps and every
+    ``k``-th before them (``k`` about the square root of the distance), so
+    that a run of L layers holds about 2 sqrt(L) states at once rather
+    than L (23 in ResNet-101's third stage), and none is computed more than
+    twice; each is dropped when its one consumer has taken it.
 
     The tape reads ``X^t`` and ``w_t`` from the nodes' saved tensors
     (weak references: no cycle keeps a graph alive), so saved-tensor hooks
@@ -140,18 +145,32 @@ class StateTape:
         :class:`RecomputedUpdate` context."""
         self.nodes[step] = weakref.ref(node)
 
-    def state(self, step: int, keep: bool = False) -> Optional[Tensor]:
-        """``U`` after ``step`` updates (the start for 0); ``keep`` leaves
-        it cached for a second consumer."""
+    def state(self, step: int) -> Optional[Tensor]:
+        """``U`` after ``step`` updates (the start for 0), for its one
+        consumer."""
         if step not in self.cache:
             with torch.no_grad(), phase('tape'):
-                u = self.cache[0] = (
-                    saved(self.nodes[1]())[1]
-                    if self.start is None else self.start())
-                for j in range(1, step + 1):
-                    x, _, w = saved(self.nodes[j]())[:3]
-                    u = self.cache[j] = head_scaled_add(u, w, x)
-        return self.cache[step] if keep else self.cache.pop(step)
+                self.recompute(step)
+        return self.cache.pop(step)
+
+    def recompute(self, step: int) -> None:
+        """Caches ``U`` after ``step`` updates and the checkpoints on the
+        way there (class docstring), bit for bit the forward's."""
+        below = [j for j in self.cache if j < step]
+        if below:
+            base = max(below)
+            u = self.cache[base]
+        else:
+            base = 0
+            u = self.cache[0] = (
+                saved(self.nodes[1]())[1]
+                if self.start is None else self.start())
+        k = math.isqrt(max(step - base - 1, 0)) + 1  # ceil(sqrt(step - base))
+        for j in range(base + 1, step + 1):
+            x, _, w = saved(self.nodes[j]())[:3]
+            u = head_scaled_add(u, w, x)
+            if j > step - k or (j - base) % k == 0:
+                self.cache[j] = u
 
 
 class RecomputedUpdate(torch.autograd.Function):

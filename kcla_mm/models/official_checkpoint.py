@@ -12,7 +12,7 @@ when the head is asked for.
 import os.path as osp
 import re
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from torch import Tensor
 
@@ -87,8 +87,19 @@ class ConversionResult:
     backbone: str = 'KCLAResNet'
 
 
-def load_official_state_dict(path: str) -> Dict[str, Tensor]:
-    """Loads the model weights of an official checkpoint (weights only)."""
+def read_official_weights(path: str, wrappers: Sequence[str],
+                          recognised: Callable[[Dict[str, Tensor]], bool],
+                          expected: str) -> Dict[str, Tensor]:
+    """The weights of an official checkpoint file (weights only), for the
+    ImageNet / CIFAR and the UNet converters alike: the state dict found
+    under the first of ``wrappers`` that the file holds (else the file's
+    dict itself), without DataParallel's ``module.`` prefix.
+
+    Raises:
+        OfficialCheckpointError: a missing or unloadable file, one that
+            holds no dict, whose keys ``recognised`` rejects (the message
+            says ``expected``), or with entries that are not tensors.
+    """
     try:
         # The official checkpoints hold only tensors and plain containers:
         # weights_only=True on every torch.
@@ -101,29 +112,34 @@ def load_official_state_dict(path: str) -> Dict[str, Tensor]:
         ) from None
     except CheckpointError as exc:  # non-finite tensors
         raise OfficialCheckpointError(str(exc)) from None
-    if isinstance(ckpt, dict) and isinstance(ckpt.get('state_dict'), dict):
-        state = ckpt['state_dict']
-    elif isinstance(ckpt, dict):
-        state = ckpt
-    else:
+    if not isinstance(ckpt, dict):
         raise OfficialCheckpointError(
-            f'{path} holds a {type(ckpt).__name__}, not a dict with '
-            "'state_dict'")
+            f'{path} holds a {type(ckpt).__name__}, not a state dict')
+    for wrapper in wrappers:
+        if isinstance(ckpt.get(wrapper), dict):
+            ckpt = ckpt[wrapper]
+            break
     state = {
         (k[len('module.'):] if k.startswith('module.') else k): v
-        for k, v in state.items()
+        for k, v in ckpt.items()
     }
-    if layout_of(state) is None:
+    if not recognised(state):
         raise OfficialCheckpointError(
-            f"{path} is not an official KCLA checkpoint: it has no "
-            "'layer1.attention.*' keys (ImageNet model) and no "
-            "'stages.0.0.kcla.*' keys (CIFAR model) (found e.g. "
+            f'{path} is not an official {expected} (found e.g. '
             f'{sorted(state)[:3]})')
     bad = [k for k, v in state.items() if not isinstance(v, Tensor)]
     if bad:
         raise OfficialCheckpointError(
             f'{path}: state_dict entries that are not tensors: {bad[:5]}')
     return state
+
+
+def load_official_state_dict(path: str) -> Dict[str, Tensor]:
+    """Loads the model weights of an official checkpoint (weights only)."""
+    return read_official_weights(
+        path, ('state_dict', ), lambda state: layout_of(state) is not None,
+        "KCLA checkpoint: it has no 'layer1.attention.*' keys (ImageNet "
+        "model) and no 'stages.0.0.kcla.*' keys (CIFAR model)")
 
 
 def layout_of(state: Dict[str, Tensor]) -> Optional[str]:

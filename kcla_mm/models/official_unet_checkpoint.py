@@ -34,11 +34,9 @@ from typing import Dict, Optional
 import torch.nn as nn
 from torch import Tensor
 
-from ..utils.checkpoint_loading import (CheckpointError, CheckpointFileError,
-                                        load_checkpoint)
 from .backbones import KCLAResNetUNetPaper
 from .decode_heads import UNetPaperHead
-from .official_checkpoint import OfficialCheckpointError
+from .official_checkpoint import OfficialCheckpointError, read_official_weights
 
 #: The config whose model the converted keys are for.
 UNET_CONFIG = 'configs/_base_/models/unet-paper_kcla-r18.py'
@@ -145,37 +143,10 @@ def load_official_unet_state_dict(path: str) -> Dict[str, Tensor]:
     ``best.pth`` the official ``train.py`` saves (a bare state dict) or its
     ``latest.pth`` (``model_state_dict`` beside the optimizer's), with or
     without DataParallel's ``module.`` prefix."""
-    try:
-        ckpt = load_checkpoint(path, weights_only=True)
-    except CheckpointFileError as exc:
-        if exc.missing:
-            raise OfficialCheckpointError(str(exc)) from None
-        raise OfficialCheckpointError(
-            f'{path} is not a loadable torch checkpoint ({exc.detail})'
-        ) from None
-    except CheckpointError as exc:  # non-finite tensors
-        raise OfficialCheckpointError(str(exc)) from None
-    if not isinstance(ckpt, dict):
-        raise OfficialCheckpointError(
-            f'{path} holds a {type(ckpt).__name__}, not a state dict')
-    for wrapper in ('model_state_dict', 'state_dict'):
-        if isinstance(ckpt.get(wrapper), dict):
-            ckpt = ckpt[wrapper]
-            break
-    state = {
-        (k[len('module.'):] if k.startswith('module.') else k): v
-        for k, v in ckpt.items()
-    }
-    if not any(k.startswith('encoder.layer1.attention.') for k in state):
-        raise OfficialCheckpointError(
-            f'{path} is not an official UNet_kcla checkpoint: it has no '
-            "'encoder.layer1.attention.*' keys (found e.g. "
-            f'{sorted(state)[:3]})')
-    bad = [k for k, v in state.items() if not isinstance(v, Tensor)]
-    if bad:
-        raise OfficialCheckpointError(
-            f'{path}: state_dict entries that are not tensors: {bad[:5]}')
-    return state
+    return read_official_weights(
+        path, ('model_state_dict', 'state_dict'), lambda state: any(
+            k.startswith('encoder.layer1.attention.') for k in state),
+        "UNet_kcla checkpoint: it has no 'encoder.layer1.attention.*' keys")
 
 
 def convert_official_unet_state_dict(

@@ -206,9 +206,15 @@ def randomise_(model, seed=0):
                 fan_in = p[0].numel()
                 p.copy_(
                     torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
-        for name, buf in model.named_buffers():
-            if name.endswith('running_mean'):
-                buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
-            elif name.endswith('running_var'):
-                buf.copy_(torch.rand(buf.shape, generator=gen) + 0.5)
+        randomise_running_stats_(model, gen)
     return model
+
+
+def randomise_running_stats_(model, gen):
+    """Non-trivial BN running statistics (the official UNet oracle's
+    randomisation uses them too)."""
+    for name, buf in model.named_buffers():
+        if name.endswith('running_mean'):
+            buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
+        elif name.endswith('running_var'):
+            buf.copy_(torch.rand(buf.shape, generator=gen) + 0.5)

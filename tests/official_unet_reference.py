@@ -28,12 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# The ECA kernel size and BN-statistics randomisation are those of the
+# ImageNet oracle (both oracles are independent of kcla_mm).
+from official_reference import _eca_k, randomise_running_stats_
+
 HEAD_DIM = 16
-
-
-def _eca_k(channels):
-    t = int(abs((math.log(channels, 2) + 1) / 2.))
-    return t if t % 2 else t + 1
 
 
 class OfficialUNetKCLA(nn.Module):
@@ -228,9 +227,5 @@ def randomise_(model, seed=0):
                 fan_in = p[0].numel()
                 p.copy_(
                     torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
-        for name, buf in model.named_buffers():
-            if name.endswith('running_mean'):
-                buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
-            elif name.endswith('running_var'):
-                buf.copy_(torch.rand(buf.shape, generator=gen) + 0.5)
+        randomise_running_stats_(model, gen)
     return model

@@ -42,6 +42,55 @@ def _conv1d(k):
     return nn.Conv1d(1, 1, k, padding=(k - 1) // 2, bias=False)
 
 
+def _norm_d(heads):
+    """The official ``norm_d``: 1 / logspace(0.7, 1 / 0.7) over the heads,
+    in fp32, as (1, heads, 1, 1, 1), frozen (the UNet oracle's too)."""
+    seq = torch.exp(
+        torch.linspace(
+            torch.log(torch.tensor(0.7)), torch.log(torch.tensor(1 / 0.7)),
+            heads))
+    return nn.Parameter(1 / seq.view(1, heads, 1, 1, 1), requires_grad=False)
+
+
+def _drop_path(out, drop_path, training):
+    """The official drop path of a branch output (the UNet oracle's too):
+    per sample, kept with probability 1 - drop_path and scaled by its
+    inverse."""
+    if training and drop_path > 0:
+        keep = 1 - drop_path
+        mask = torch.rand(out.shape[0], 1, 1, 1).add_(keep).floor_()
+        out = out / keep * mask
+    return out
+
+
+def _downsample(inplanes, out, stride):
+    """A residual block's projection shortcut, None where the shape stays
+    (the UNet oracle's blocks too)."""
+    if stride == 1 and inplanes == out:
+        return None
+    return nn.Sequential(
+        nn.Conv2d(inplanes, out, 1, stride=stride, bias=False),
+        nn.BatchNorm2d(out))
+
+
+def _residual(y, x, downsample):
+    """A residual block's output: relu(y + its input, through
+    ``downsample`` where there is one)."""
+    identity = x if downsample is None else downsample(x)
+    return F.relu(y + identity)
+
+
+def _run_stages(model, x, outs):
+    """``model.layer1`` to ``layer4`` with the KCLA state carried from
+    stage to stage; appends each stage's output to ``outs`` (the UNet
+    oracle's encoder too)."""
+    u = z = None
+    for i in range(1, 5):
+        x, u, z = getattr(model, f'layer{i}')(x, u, z)
+        outs.append(x)
+    return outs
+
+
 class OfficialKCLA(nn.Module):
 
     def __init__(self, c, init_layer, stride=2, drop_path=0., head=64):
@@ -62,12 +111,7 @@ class OfficialKCLA(nn.Module):
         self.Wk = _conv1d(k)
         self.Wv = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
         self.head_att = nn.Linear(self.heads, self.heads, bias=False)
-        seq = torch.exp(
-            torch.linspace(
-                torch.log(torch.tensor(0.7)), torch.log(torch.tensor(1 / 0.7)),
-                self.heads))
-        self.norm_d = nn.Parameter(
-            1 / seq.view(1, self.heads, 1, 1, 1), requires_grad=False)
+        self.norm_d = _norm_d(self.heads)
 
     def weight_of(self, key):
         """w = exp(min(||K|| / tau, 10)) per head, shape (b, heads, 1,1,1)."""
@@ -102,11 +146,7 @@ class OfficialKCLA(nn.Module):
                                                       g))).view(b, g, 1, 1, 1)
         out = F.relu(
             self.bn_attention((gate * v.view(b, g, d, h, w)).view(b, c, h, w)))
-        if self.training and self.drop_path > 0:
-            keep = 1 - self.drop_path
-            mask = torch.rand(b, 1, 1, 1).add_(keep).floor_()
-            out = out / keep * mask
-        return x + out, u, z
+        return x + _drop_path(out, self.drop_path, self.training), u, z
 
 
 class OfficialBottleneck(nn.Module):
@@ -122,21 +162,26 @@ class OfficialBottleneck(nn.Module):
         self.bn2 = nn.BatchNorm2d(planes)
         self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out)
-        self.downsample = None
-        if stride != 1 or inplanes != out:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(inplanes, out, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(out))
+        self.downsample = _downsample(inplanes, out, stride)
 
     def forward(self, x):
         y = F.relu(self.bn1(self.conv1(x)))
         y = F.relu(self.bn2(self.conv2(y)))
         y = self.bn3(self.conv3(y))
-        identity = x if self.downsample is None else self.downsample(x)
-        return F.relu(y + identity)
+        return _residual(y, x, self.downsample)
 
 
-class OfficialStage(nn.Module):
+class _KCLAStage(nn.Module):
+    """A stage's ``layers`` (blocks), each followed by its ``attention``
+    (KCLA layer) with the state carried (the UNet oracle's stages too)."""
+
+    def forward(self, x, u, z):
+        for layer, attention in zip(self.layers, self.attention):
+            x, u, z = attention(layer(x), u, z)
+        return x, u, z
+
+
+class OfficialStage(_KCLAStage):
 
     def __init__(self, inplanes, planes, blocks, stride, drop_path):
         super().__init__()
@@ -148,11 +193,6 @@ class OfficialStage(nn.Module):
             OfficialKCLA(c, init_layer=i in (0, 11), drop_path=drop_path)
             for i in range(blocks)
         ])
-
-    def forward(self, x, u, z):
-        for layer, attention in zip(self.layers, self.attention):
-            x, u, z = attention(layer(x), u, z)
-        return x, u, z
 
 
 class OfficialKCLAResNet(nn.Module):
@@ -173,12 +213,7 @@ class OfficialKCLAResNet(nn.Module):
 
     def stages(self, x):
         x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
-        u = z = None
-        outs = []
-        for i in range(1, 5):
-            x, u, z = getattr(self, f'layer{i}')(x, u, z)
-            outs.append(x)
-        return outs
+        return _run_stages(self, x, [])
 
     def forward(self, x):
         return self.fc(self.stages(x)[-1].mean((2, 3)))
@@ -188,33 +223,40 @@ def randomise_(model, seed=0):
     """Give every parameter and BN statistic a non-trivial value, so that a
     wrong mapping or a wrong equation cannot hide behind an identity init
     (e.g. zero-initialised residual BNs)."""
+
+    def vector(name, shape, gen):  # BN affine
+        # Residual-branch BNs get small scales, as trained ResNets have;
+        # otherwise 100 random blocks blow the features up and fp32
+        # rounding, not the math, dominates comparisons.
+        residual = '.bn3.' in name or 'bn_attention' in name
+        if name.endswith('weight'):
+            offset = 0.1 if residual else 0.75
+        else:
+            offset = -0.1
+        return torch.rand(shape, generator=gen) * 0.25 + offset
+
+    return randomise_with_(model, seed, vector)
+
+
+def randomise_with_(model, seed, vector):
+    """The oracles' randomisation (the UNet oracle's too), from a generator
+    seeded with ``seed``: ``vector(name, shape, generator)`` for the 1-D
+    parameters, randn / sqrt(fan_in) for the others, ``norm_d`` left as it
+    is, then non-trivial BN running statistics."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith('norm_d'):
                 continue
-            if p.dim() == 1:  # BN affine
-                # Residual-branch BNs get small scales, as trained ResNets
-                # have; otherwise 100 random blocks blow the features up
-                # and fp32 rounding, not the math, dominates comparisons.
-                residual = '.bn3.' in name or 'bn_attention' in name
-                low = 0.1 if residual else 0.75
-                p.copy_(
-                    torch.rand(p.shape, generator=gen) * 0.25 +
-                    (low if name.endswith('weight') else -0.1))
+            if p.dim() == 1:
+                p.copy_(vector(name, p.shape, gen))
             else:
                 fan_in = p[0].numel()
                 p.copy_(
                     torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
-        randomise_running_stats_(model, gen)
+        for name, buf in model.named_buffers():
+            if name.endswith('running_mean'):
+                buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
+            elif name.endswith('running_var'):
+                buf.copy_(torch.rand(buf.shape, generator=gen) + 0.5)
     return model
-
-
-def randomise_running_stats_(model, gen):
-    """Non-trivial BN running statistics (the official UNet oracle's
-    randomisation uses them too)."""
-    for name, buf in model.named_buffers():
-        if name.endswith('running_mean'):
-            buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
-        elif name.endswith('running_var'):
-            buf.copy_(torch.rand(buf.shape, generator=gen) + 0.5)

@@ -22,15 +22,17 @@ the logits (the official model returns their sigmoid).
 
 Nothing here is imported by the package.
 """
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The ECA kernel size and BN-statistics randomisation are those of the
-# ImageNet oracle (both oracles are independent of kcla_mm).
-from official_reference import _eca_k, randomise_running_stats_
+# What the official segmentation file shares with the ImageNet one (the ECA
+# convs, norm_d, drop path, shortcut, the stages' state passing) and the
+# randomisation's scheme come from the ImageNet oracle (both oracles are
+# independent of kcla_mm).
+from official_reference import (_conv1d, _downsample, _drop_path, _eca_k,
+                                _KCLAStage, _norm_d, _residual, _run_stages,
+                                randomise_with_)
 
 HEAD_DIM = 16
 
@@ -51,15 +53,10 @@ class OfficialUNetKCLA(nn.Module):
                 nn.BatchNorm2d(c))
         self.bn_attention = nn.BatchNorm2d(c)
         k = _eca_k(c)
-        self.Wq = nn.Conv1d(1, 1, k, padding=k // 2, bias=False)
-        self.Wk = nn.Conv1d(1, 1, k, padding=k // 2, bias=False)
+        self.Wq = _conv1d(k)
+        self.Wk = _conv1d(k)
         self.Wv = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
-        s = torch.exp(
-            torch.linspace(
-                torch.log(torch.tensor(0.7)), torch.log(torch.tensor(1 / 0.7)),
-                self.heads))
-        self.norm_d = nn.Parameter(
-            1 / s.view(1, self.heads, 1, 1, 1), requires_grad=False)
+        self.norm_d = _norm_d(self.heads)
 
     def weight(self, pooled):
         """exp(min(||Wk(pooled)_h|| * norm_d_h, 10)), (b, heads, 1, 1, 1)."""
@@ -91,10 +88,7 @@ class OfficialUNetKCLA(nn.Module):
         gate = torch.sigmoid((q * k).sum(2) / k.norm(dim=2))
         out = self.bn_attention(
             (v * gate.view(b, g, 1, 1, 1)).view(b, c, h, w))
-        if self.training and self.drop_path > 0:
-            keep = 1 - self.drop_path
-            out = out / keep * torch.rand(b, 1, 1, 1).add_(keep).floor_()
-        return x + out, u, z
+        return x + _drop_path(out, self.drop_path, self.training), u, z
 
 
 class OfficialBasicBlock(nn.Module):
@@ -106,19 +100,14 @@ class OfficialBasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(inplanes, planes, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(planes))
+        self.downsample = _downsample(inplanes, planes, stride)
 
     def forward(self, x):
         y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
-        identity = x if self.downsample is None else self.downsample(x)
-        return F.relu(y + identity)
+        return _residual(y, x, self.downsample)
 
 
-class OfficialStage(nn.Module):
+class OfficialStage(_KCLAStage):
 
     def __init__(self, inplanes, planes, stride, keep_state):
         super().__init__()
@@ -129,11 +118,6 @@ class OfficialStage(nn.Module):
             OfficialUNetKCLA(planes, inplanes, j == 0, stride, keep_state)
             for j in range(2)
         ])
-
-    def forward(self, x, u, z):
-        for block, kcla in zip(self.layers, self.attention):
-            x, u, z = kcla(block(x), u, z)
-        return x, u, z
 
 
 class OfficialEncoder(nn.Module):
@@ -154,12 +138,7 @@ class OfficialEncoder(nn.Module):
 
     def forward(self, x):
         x = F.relu(self.bn1(self.conv1(x)))
-        outs = [x]
-        u = z = None
-        for i in range(1, 5):
-            x, u, z = getattr(self, f'layer{i}')(x, u, z)
-            outs.append(x)
-        return outs
+        return _run_stages(self, x, [x])
 
 
 class OfficialDoubleConv(nn.Module):
@@ -214,18 +193,9 @@ class OfficialUNetKCLANet(nn.Module):
 def randomise_(model, seed=0):
     """Non-trivial values for every parameter and BN statistic, so that a
     wrong mapping cannot hide behind an identity init."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith('norm_d'):
-                continue
-            if name.endswith('.weight') and p.dim() == 1:  # BN scale
-                p.copy_(torch.rand(p.shape, generator=gen) * 0.5 + 0.75)
-            elif p.dim() == 1:  # BN shift, conv bias
-                p.copy_(torch.rand(p.shape, generator=gen) * 0.5 - 0.25)
-            else:
-                fan_in = p[0].numel()
-                p.copy_(
-                    torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
-        randomise_running_stats_(model, gen)
-    return model
+
+    def vector(name, shape, gen):  # BN scale; BN shift, conv bias
+        offset = 0.75 if name.endswith('.weight') else -0.25
+        return torch.rand(shape, generator=gen) * 0.5 + offset
+
+    return randomise_with_(model, seed, vector)

@@ -134,6 +134,77 @@ def read_official_weights(path: str, wrappers: Sequence[str],
     return state
 
 
+def map_official_tensors(
+    state: Dict[str, Tensor],
+    target: Dict[str, Tensor],
+    to_mm_key: Callable[[str], Optional[str]],
+    unused: Callable[[str, Optional[str]], Optional[str]],
+    source: str,
+    name: str,
+    reshapeable: str,
+) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
+    """Maps official tensors onto a kcla_mm model's keys, for the ImageNet /
+    CIFAR and the UNet converters alike: every official key is either
+    mapped (its shape checked) or dropped with a reason, and every tensor of
+    the model must be filled.
+
+    Args:
+        state (dict): Official key -> tensor.
+        target (dict): The model's state dict (key -> tensor): the keys to
+            fill and their shapes.
+        to_mm_key (callable): Official key -> the model's key; None (or a
+            key that ``target`` lacks) for a key with no counterpart. May
+            raise :class:`OfficialCheckpointError` for a foreign key.
+        unused (callable): (official key, what ``to_mm_key`` gave) -> why
+            that key has no counterpart, or None when it should have one
+            (an error).
+        source (str): What ``state`` came from, for the error messages.
+        name (str): The model, for the error messages.
+        reshapeable (str): The ending of the model's keys whose tensor may
+            come in another shape of as many elements (the official
+            ``norm_d`` is ``(1, heads, 1, 1, 1)``); it is reshaped.
+
+    Returns:
+        tuple: The model's key -> tensor (a copy, in the model's shape), in
+        the order of ``state``; and official key -> why it was dropped.
+
+    Raises:
+        OfficialCheckpointError: naming the key, for a key of another
+            network, one with no counterpart that ``unused`` does not
+            excuse, a shape the model does not have; or naming the model's
+            keys that the checkpoint lacks.
+    """
+    converted, dropped = {}, {}
+    for key, value in state.items():
+        try:
+            new_key = to_mm_key(key)
+        except OfficialCheckpointError as exc:
+            raise OfficialCheckpointError(f'{source}: {exc}') from None
+        if new_key is None or new_key not in target:
+            reason = unused(key, new_key)
+            if reason is None:
+                raise OfficialCheckpointError(
+                    f'{source}: key {key!r} (-> {new_key!r}) has no '
+                    f'counterpart in {name}')
+            dropped[key] = reason
+            continue
+        expected = target[new_key].shape
+        if value.shape != expected:
+            if not (new_key.endswith(reshapeable)
+                    and value.numel() == expected.numel()):
+                raise OfficialCheckpointError(
+                    f'{source}: key {key!r} has shape {tuple(value.shape)}, '
+                    f'{name} expects {tuple(expected)} for {new_key!r}')
+            value = value.reshape(expected)
+        converted[new_key] = value.clone()
+    missing = sorted(set(target) - set(converted))
+    if missing:
+        raise OfficialCheckpointError(
+            f'{source}: {name} keys missing from the checkpoint: '
+            f'{missing[:10]}{" ..." if len(missing) > 10 else ""}')
+    return converted, dropped
+
+
 def load_official_state_dict(path: str) -> Dict[str, Tensor]:
     """Loads the model weights of an official checkpoint (weights only)."""
     return read_official_weights(
@@ -254,42 +325,24 @@ def convert_official_checkpoint(path: str,
             raise OfficialCheckpointError(
                 f"{path}: no '{key}' (the official classifier head)")
     num_classes = state['fc.weight'].shape[0]
-    converted, dropped = {}, {}
-    for key, value in state.items():
-        new_key = official_to_mm_key(key)
-        if not new_key:
-            if with_head:
-                converted[f'head.{key}'] = value.clone()
-            else:
-                dropped[key] = 'classifier head (use --with-head to keep it)'
-            continue
-        if new_key not in target:
-            kcla = _kcla_module_key(key)
-            if kcla and kcla[2] in STATE_MODULES:
-                dropped[key] = 'never used by the official forward pass'
-                continue
-            raise OfficialCheckpointError(
-                f'{path}: key {key!r} (-> {new_key!r}) has no counterpart in '
-                f'{name}')
-        expected = target[new_key].shape
-        if value.shape != expected:
-            if value.numel() != expected.numel(
-            ) or not new_key.endswith('.tau'):
-                raise OfficialCheckpointError(
-                    f'{path}: key {key!r} has shape {tuple(value.shape)}, '
-                    f'{name} expects {tuple(expected)} for {new_key!r}')
-            value = value.reshape(expected)  # norm_d is (1, heads, 1, 1, 1)
-        converted[f'backbone.{new_key}' if with_head else new_key] = \
-            value.clone()
-    prefix = 'backbone.' if with_head else ''
-    missing = sorted(
-        set(target) -
-        {k[len(prefix):]
-         for k in converted if k.startswith(prefix)})
-    if missing:
-        raise OfficialCheckpointError(
-            f'{path}: {name} keys missing from the checkpoint: '
-            f'{missing[:10]}{" ..." if len(missing) > 10 else ""}')
+
+    def unused(key: str, new_key: Optional[str]) -> Optional[str]:
+        if not new_key:  # fc.*
+            return 'classifier head (use --with-head to keep it)'
+        kcla = _kcla_module_key(key)
+        if kcla and kcla[2] in STATE_MODULES:
+            return 'never used by the official forward pass'
+        return None
+
+    # with the head, fc.* becomes head.fc.*, the rest backbone.*
+    head = [k for k in state if with_head and k.startswith('fc.')]
+    backbone_state = {k: v for k, v in state.items() if k not in head}
+    converted, dropped = map_official_tensors(backbone_state, target,
+                                              official_to_mm_key, unused, path,
+                                              name, '.tau')
+    if with_head:
+        converted = {f'backbone.{k}': v for k, v in converted.items()}
+        converted.update((f'head.{k}', state[k].clone()) for k in head)
     config = CLASSIFIER_CONFIGS.get((layout, depth, block, num_classes))
     meta = dict(
         converted_from=osp.basename(path),

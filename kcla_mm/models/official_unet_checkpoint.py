@@ -36,7 +36,8 @@ from torch import Tensor
 
 from .backbones import KCLAResNetUNetPaper
 from .decode_heads import UNetPaperHead
-from .official_checkpoint import OfficialCheckpointError, read_official_weights
+from .official_checkpoint import (OfficialCheckpointError,
+                                  map_official_tensors, read_official_weights)
 
 #: The config whose model the converted keys are for.
 UNET_CONFIG = 'configs/_base_/models/unet-paper_kcla-r18.py'
@@ -165,40 +166,18 @@ def convert_official_unet_state_dict(
             network, a shape the segmentor does not have, or a tensor of
             the segmentor that the checkpoint lacks.
     """
-    target = build_unet_paper_target().state_dict()
-    converted, dropped = {}, {}
-    for key, value in state.items():
-        try:
-            new_key = official_unet_to_mm_key(key)
-        except OfficialCheckpointError as exc:
-            raise OfficialCheckpointError(f'{source}: {exc}') from None
-        if new_key is None:
-            dropped[key] = NEVER_USED
-            continue
-        if new_key not in target:
-            if '.adjust_channel.' in key:
-                # Stage 1 block 0: no incoming state to adapt.
-                dropped[key] = NEVER_USED
-                continue
-            raise OfficialCheckpointError(
-                f'{source}: key {key!r} (-> {new_key!r}) has no counterpart '
-                'in the UNet-KCLA segmentor')
-        expected = target[new_key].shape
-        if value.shape != expected:
-            # norm_d is (1, heads, 1, 1, 1), inv_tau (heads, ).
-            if not (new_key.endswith('.inv_tau')
-                    and value.numel() == expected.numel()):
-                raise OfficialCheckpointError(
-                    f'{source}: key {key!r} has shape {tuple(value.shape)}, '
-                    f'the segmentor expects {tuple(expected)} for '
-                    f'{new_key!r}')
-            value = value.reshape(expected)
-        converted[new_key] = value.clone()
-    missing = sorted(set(target) - set(converted))
-    if missing:
-        raise OfficialCheckpointError(
-            f'{source}: tensors of the UNet-KCLA segmentor missing from the '
-            f'checkpoint: {missing[:10]}{" ..." if len(missing) > 10 else ""}')
+
+    def unused(key: str, new_key: Optional[str]) -> Optional[str]:
+        # encoder.bn2, and stage 1 block 0's adjust_channel (no incoming
+        # state to adapt)
+        if new_key is None or '.adjust_channel.' in key:
+            return NEVER_USED
+        return None
+
+    converted, dropped = map_official_tensors(
+        state,
+        build_unet_paper_target().state_dict(), official_unet_to_mm_key,
+        unused, source, 'the UNet-KCLA segmentor', '.inv_tau')
     meta = dict(
         converted_from=osp.basename(source),
         converter='kcla_mm tools/model_converters/kcla_unet_official2mm.py',

@@ -101,11 +101,15 @@ def check_branch_args(channels: int, head_dim: int, drop_path: float) -> None:
         raise ValueError(f'drop_path={drop_path} must be in [0, 1)')
 
 
-def build_state_adapter(conv_cfg: Optional[dict], state_channels: int,
-                        channels: int, stride: int,
-                        num_heads: int) -> nn.Module:
+def build_state_adapter(conv_cfg: Optional[dict],
+                        state_channels: int,
+                        channels: int,
+                        stride: int,
+                        num_heads: int,
+                        bias: bool = False) -> nn.Module:
     """Algorithm 1's map of a state to a new stage: a 1x1 conv grouped by
-    heads, with the stage's stride."""
+    heads, with the stage's stride; without bias (the ImageNet layers) unless
+    ``bias`` (the UNet-KCLA layer, as its official file)."""
     if state_channels % num_heads:
         raise ValueError(f'state_channels={state_channels} must be divisible '
                          f'by the number of heads {num_heads}')
@@ -116,7 +120,7 @@ def build_state_adapter(conv_cfg: Optional[dict], state_channels: int,
         kernel_size=1,
         stride=stride,
         groups=num_heads,
-        bias=False)
+        bias=bias)
 
 
 def is_plain_pointwise(conv: Optional[nn.Module]) -> bool:

@@ -19,13 +19,14 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_conv_layer, build_norm_layer
+from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .attention_branch import (add_branch, check_branch_args, eca_conv1d,
-                               init_cfg_list, pooled_conv, scale_branch,
-                               spatial_mean, zero_branch_scale)
+from .attention_branch import (add_branch, build_state_adapter,
+                               check_branch_args, eca_conv1d, init_cfg_list,
+                               pooled_conv, scale_branch, spatial_mean,
+                               zero_branch_scale)
 from .kcla.layer import head_temperatures
 from .kcla.state import KCLAState
 
@@ -129,17 +130,12 @@ class KCLAUNetLayer(BaseModule):
 
         self.renorm = renorm
         if renorm:
-            if state_channels % self.num_heads:
-                raise ValueError(
-                    f'state_channels={state_channels} must be divisible by '
-                    f'the number of heads {self.num_heads}')
-            self.state_adapt = build_conv_layer(
+            self.state_adapt = build_state_adapter(
                 conv_cfg,
                 state_channels,
                 channels,
-                kernel_size=1,
-                stride=state_stride,
-                groups=self.num_heads,
+                state_stride,
+                self.num_heads,
                 bias=True)
             self.state_norm = build_norm_layer(norm_cfg, channels)[1]
         elif state_channels != channels or state_stride != 1:

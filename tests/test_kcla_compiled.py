@@ -13,7 +13,7 @@ from mmdet.models.backbones import ResNet
 import kcla_mm.models.layers.kcla.compiled as kcla_compiled
 from kcla_mm.analysis.complexity import count_flops
 from kcla_mm.models import KCLAResNet
-from kcla_mm.models.layers import KCLALayer
+from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.kcla import STATE_EPS
 from kcla_mm.models.layers.kcla.fused import fused_query_key, gate_and_weight
 from helpers import (assert_close_to_max, incoming_state,
@@ -215,6 +215,62 @@ def test_pooled_kernel_is_the_torch_ops(ext, float64, carry):
     assert_close_to_max(w, want_w, 1e-12)
     assert_close_to_max(z, want_z, 1e-12)
     assert_close_to_max(scale, gate / (want_z + STATE_EPS), 1e-12)
+
+
+@pytest.mark.parametrize('n', [1, 3])
+@pytest.mark.parametrize('case', [
+    'adapt-stride2', 'adapt-stride3', 'adapt-stride1', 'renorm', 'no-affine'
+])
+def test_renormalise_kernel_is_algorithm_1(ext, case, n):
+    """Algorithm 1 in inference in one kernel call against the reference's
+    ``renormalise``, in float64 and float32: a strided adapter over odd
+    sizes whose groups split the incoming heads, a stride-1 adapter (a
+    dilated stage), no adapter (the official block 11) and a state norm
+    without affine parameters."""
+    if case in ('renorm', 'no-affine'):
+        layer = randomise_(KCLALayer(256, renorm=True))
+        state = incoming_state('carry', n)
+        if case == 'no-affine':
+            layer.state_norm.weight = layer.state_norm.bias = None
+    else:
+        layer = randomise_(
+            KCLALayer(
+                256,
+                renorm=True,
+                state_channels=128,
+                state_stride=int(case[-1])))
+        state = KCLAState(
+            torch.rand(n, 128, 17, 13) * 50,
+            torch.rand(n, 2) * 20 + 0.5)
+        assert layer.state_adapt.groups == 4  # 32 of a 64-channel head
+    layer.eval()
+    for dtype, tolerance in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        layer.to(dtype)
+        cast = KCLAState(state.u.to(dtype), state.z.to(dtype))
+        with torch.no_grad():
+            assert kcla_compiled.renormalise_compiles(layer.params(), cast)
+            ours = kcla_compiled.compiled_renormalise(layer.params(), cast)
+            want = layer.renormalise(cast)
+        assert ours.u.shape == want.u.shape and ours.u.dtype == dtype
+        for a, b in zip(ours, want):
+            assert_close_to_max(a, b, tolerance)
+
+
+def test_renormalise_kernel_where_it_applies(ext):
+    """Inference only, with a plain adapter of one stride and the ECA key
+    conv; everything else runs the PyTorch path."""
+    layer = randomise_(
+        KCLALayer(256, renorm=True, state_channels=128, state_stride=2))
+    state = KCLAState(torch.rand(2, 128, 17, 13), torch.rand(2, 2) + 0.5)
+    layer.eval()
+    assert not kcla_compiled.renormalise_compiles(layer.params(), state)
+    with torch.no_grad():
+        assert kcla_compiled.renormalise_compiles(layer.params(), state)
+        layer.state_adapt.stride = (2, 1)
+        assert not kcla_compiled.renormalise_compiles(layer.params(), state)
+        layer.state_adapt.stride = (2, 2)
+        layer.state_key_conv.padding = (0, )
+        assert not kcla_compiled.renormalise_compiles(layer.params(), state)
 
 
 class CountingExtension:

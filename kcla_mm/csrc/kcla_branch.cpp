@@ -936,6 +936,170 @@ std::vector<Tensor> block_tail_forward(const Tensor& pre,
   return {x, means};
 }
 
+// out = b + a x over n values.
+template <typename T>
+KCLA_CLONES void affine_plane(T* __restrict out, const T* __restrict x, T a,
+                              T b, int64_t n) {
+#pragma omp simd
+  for (int64_t p = 0; p < n; ++p) out[p] = b + a * x[p];
+}
+
+// sum_i a[i] b[i] over n values, in double.
+template <typename T>
+KCLA_CLONES double dot(const T* __restrict a, const double* __restrict b,
+                       int64_t n) {
+  double total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; ++i) total += double(a[i]) * b[i];
+  return total;
+}
+
+// Algorithm 1 in inference (kcla/fused.py, folded_renormalise) in one call,
+// where eager PyTorch runs some twenty small ops. With the incoming state
+// (U, Z) (heads_in heads), the eval BN y = s_c x + t_c of the state norm and
+// the head-grouped strided 1x1 adapter W (none: the re-normalisation within
+// a stage), per sample n:
+//   r_i   = 1 / Z[n, head of input channel i]
+//   m_o   = s_o sum_i W[o, i] r_i mean(sub_i) + t_o   (mean of A = BN(W(U/Z)))
+//   Z'    = exp(min(||conv1d_k(m)_h|| / tau_h, clamp))  (per new head h)
+//   U'_o  = Z'_h (s_o sum_i W[o, i] r_i sub_i + t_o)
+// where sub_i is what the adapter reads of U_i (every stride-th row and
+// column). Pass 1 gathers sub and its plane means (parallel over planes);
+// the pooled vectors are serial, in double; pass 2 is one batched matmul
+// with every scaling folded into the per-sample weights, or, without an
+// adapter, one affine map per plane. Returns (U', Z').
+std::vector<Tensor> renormalise_forward(
+    const Tensor& u, const Tensor& z, const c10::optional<Tensor>& adapt_weight,
+    int64_t stride, const c10::optional<Tensor>& gamma,
+    const c10::optional<Tensor>& beta, const Tensor& running_mean,
+    const Tensor& running_var, double eps, const Tensor& key_weight,
+    const Tensor& tau, double clamp) {
+  TORCH_CHECK(u.dim() == 4 && u.is_contiguous() && z.dim() == 2 &&
+                  z.size(0) == u.size(0) && u.size(1) % z.size(1) == 0 &&
+                  stride >= 1,
+              "kcla renormalise_forward: U must be a contiguous (N, C, H, W) "
+              "tensor and Z (N, heads) with heads dividing C");
+  const bool adapts = adapt_weight.has_value() && adapt_weight->defined();
+  const int64_t N = u.size(0), C_in = u.size(1), H = u.size(2), W = u.size(3);
+  const int64_t in_head = C_in / z.size(1);
+  const int64_t C_out = adapts ? adapt_weight->size(0) : C_in;
+  const int64_t cig = adapts ? adapt_weight->size(1) : 1;
+  TORCH_CHECK(!adapts || (adapt_weight->is_contiguous() && C_in % cig == 0 &&
+                          C_out % (C_in / cig) == 0),
+              "kcla renormalise_forward: the adapter's weight must be a "
+              "contiguous grouped 1x1 kernel that matches U");
+  TORCH_CHECK(adapts || stride == 1,
+              "kcla renormalise_forward: a stride needs an adapter");
+  const int64_t groups = adapts ? C_in / cig : 1, cog = C_out / groups;
+  const int64_t Ho = (H - 1) / stride + 1, Wo = (W - 1) / stride + 1;
+  const int64_t P = Ho * Wo, HW = H * W;
+  const int64_t heads = tau.size(0), head_dim = C_out / heads;
+  TORCH_CHECK(C_out % heads == 0,
+              "kcla renormalise_forward: heads must divide the new width");
+  const int64_t ks = key_weight.numel(), pad = (ks - 1) / 2;
+  const bool gathers = adapts && stride > 1;
+  Tensor sub = gathers ? at::empty({N, C_in, P}, u.options()) : u;
+  Tensor out = at::empty({N, C_out, Ho, Wo}, u.options());
+  Tensor z_new = at::empty({N, heads}, u.options());
+  std::vector<double> plane_mean(N * C_in);
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "kcla_renormalise_forward", [&] {
+    using T = scalar_t;
+    const T* up = u.data_ptr<T>();
+    T* sp = sub.data_ptr<T>();
+    at::parallel_for(0, N * C_in, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t nc = begin; nc < end; ++nc) {
+        const T* plane = up + nc * HW;
+        if (gathers) {
+          T* dst = sp + nc * P;
+          for (int64_t i = 0; i < Ho; ++i) {
+            const T* row = plane + i * stride * W;
+            for (int64_t j = 0; j < Wo; ++j) dst[i * Wo + j] = row[j * stride];
+          }
+          plane = dst;
+        }
+        plane_mean[nc] = flat_sum<T>(plane, P) / P;
+      }
+    });
+
+    const T* zp = z.data_ptr<T>();
+    const T* wp = adapts ? adapt_weight->data_ptr<T>() : nullptr;
+    const T* gp = optional_ptr<T>(gamma);
+    const T* bp = optional_ptr<T>(beta);
+    const T* rmp = running_mean.data_ptr<T>();
+    const T* rvp = running_var.data_ptr<T>();
+    const T* kw = key_weight.data_ptr<T>();
+    const T* taup = tau.data_ptr<T>();
+    T* zo = z_new.data_ptr<T>();
+    // The eval BN as y = bn_scale x + bn_shift, as bn_affine computes it.
+    std::vector<double> bn_scale(C_out), bn_shift(C_out);
+    for (int64_t o = 0; o < C_out; ++o) {
+      double s = T(1) / std::sqrt(rvp[o] + T(eps));
+      if (gp) s = T(s) * gp[o];
+      bn_scale[o] = T(s);
+      bn_shift[o] = T(-rmp[o] * T(s)) + (bp ? bp[o] : T(0));
+    }
+    // Per sample: the weights (adapter, 1 / Z, BN scale, Z') and biases
+    // (BN shift, Z') of pass 2.
+    Tensor weight = at::empty({N * groups, cog, adapts ? cig : 1}, u.options());
+    Tensor bias = at::empty({N * groups, cog, 1}, u.options());
+    T* ew = weight.data_ptr<T>();
+    T* eb = bias.data_ptr<T>();
+    std::vector<double> in_scale(C_in), scaled_mean(C_in), mean(C_out);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t i = 0; i < C_in; ++i)
+        in_scale[i] = T(1) / zp[n * z.size(1) + i / in_head];
+      const double* pm = plane_mean.data() + n * C_in;
+      for (int64_t i = 0; i < C_in; ++i) scaled_mean[i] = in_scale[i] * pm[i];
+      for (int64_t o = 0; o < C_out; ++o) {
+        const double m =
+            adapts ? dot<T>(wp + o * cig, scaled_mean.data() + (o / cog) * cig,
+                            cig)
+                   : scaled_mean[o];
+        mean[o] = bn_scale[o] * m + bn_shift[o];
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        double kk = 0;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const int64_t c = h * head_dim + d;
+          double k = 0;
+          for (int64_t t = 0; t < ks; ++t) {
+            const int64_t src = c + t - pad;
+            if (src >= 0 && src < C_out) k += double(kw[t]) * mean[src];
+          }
+          kk += k * k;
+        }
+        zo[n * heads + h] =
+            T(std::exp(std::min(std::sqrt(kk) / taup[h], clamp)));
+      }
+      for (int64_t o = 0; o < C_out; ++o) {
+        const double zh = zo[n * heads + o / head_dim];
+        const double s = bn_scale[o] * zh;
+        const int64_t row = n * C_out + o;  // (n, group, o in group)
+        if (adapts) {
+          const int64_t i0 = (o / cog) * cig;
+          for (int64_t i = 0; i < cig; ++i)
+            ew[row * cig + i] = T(wp[o * cig + i] * in_scale[i0 + i] * s);
+        } else {
+          ew[row] = T(in_scale[o] * s);
+        }
+        eb[row] = T(bn_shift[o] * zh);
+      }
+    }
+    if (adapts) {
+      Tensor batched = out.view({N * groups, cog, P});
+      at::baddbmm_out(batched, bias, weight, sub.view({N * groups, cig, P}));
+    } else {
+      T* op = out.data_ptr<T>();
+      at::parallel_for(0, N * C_out, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t nc = begin; nc < end; ++nc) {
+          affine_plane<T>(op + nc * HW, up + nc * HW, ew[nc], eb[nc], HW);
+        }
+      });
+    }
+  });
+  return {out, z_new};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -949,6 +1113,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_tail_forward", &block_tail_forward,
         "A residual block's norm, residual add and ReLU in inference, with "
         "the plane means of the result");
+  m.def("renormalise_forward", &renormalise_forward,
+        "Algorithm 1 (re-normalisation of the state) in inference");
   m.def("branch_backward", &branch_backward,
         "Backward of branch_forward, recomputing the state and the conv");
 }

@@ -9,8 +9,8 @@ and keeps four of them for backward; the kernels make two passes (one in
 inference) and keep none: the backward pass recomputes the state with the
 :class:`~.recompute.StateTape` of ``'recompute'`` and the conv plane by
 plane, in cache. In inference the pooled-vector work (queries, keys, weights,
-gate) is one more kernel call; in training it stays in PyTorch, with
-autograd, as does Algorithm 1.
+gate) is one more kernel call, and Algorithm 1, where the layer
+re-normalises, another; in training both stay in PyTorch, with autograd.
 
 The extension is built by ``pip install -e .`` (setup.py) where a C++
 compiler is found; ``kcla_implementation='auto'`` (the default) uses it for
@@ -35,7 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ....torch_compat import is_autocast_enabled, is_compiling, is_exporting
 from ..attention_branch import drop_path_mask
 from ..profiling import phase
-from .fused import renormalise_in_forward
+from .fused import folds_renormalise, fused_renormalise
 from .params import KCLAParams
 from .recompute import StateTape, recomputed_forward, saved
 from .state import STATE_EPS, KCLAState
@@ -260,6 +260,35 @@ def compiled_update(p: KCLAParams, tape: StateTape, step: int, keep_prev: bool,
                                 p.norm.bias, p.branch_scale)
 
 
+def renormalise_compiles(p: KCLAParams, state: KCLAState) -> bool:
+    """Whether :func:`compiled_renormalise` covers Algorithm 1 here: where
+    :func:`.folds_renormalise` does (inference, an eval BN, a plain 1x1
+    adapter or none, an NCHW state in the weights' dtype), with one stride
+    for both axes, the norm's statistics in the state's dtype and the
+    ECA-style key conv that :func:`.eca_conv1d` builds."""
+    conv, key_conv = p.state_adapt, p.state_key_conv
+    return (folds_renormalise(p, state)
+            and (conv is None or conv.stride[0] == conv.stride[1])
+            and p.state_norm.running_mean.dtype == state.u.dtype
+            and key_conv.bias is None and key_conv.stride == (1, )
+            and key_conv.dilation == (1, )
+            and key_conv.padding == ((key_conv.kernel_size[0] - 1) // 2, ))
+
+
+def compiled_renormalise(p: KCLAParams, state: KCLAState) -> KCLAState:
+    """:func:`.folded_renormalise` in one kernel call (see
+    :func:`renormalise_compiles`): the same folded weights and one batched
+    matmul, without the twenty small ops around it, each of which costs
+    more than its work at batch 1."""
+    conv, norm = p.state_adapt, p.state_norm
+    u, z = extension().renormalise_forward(
+        state.u, state.z, None if conv is None else conv.weight,
+        1 if conv is None else conv.stride[0], norm.weight, norm.bias,
+        norm.running_mean, norm.running_var, norm.eps,
+        p.state_key_conv.weight, p.tau, p.clamp)
+    return KCLAState(u, z)
+
+
 def compiled_forward(p: KCLAParams,
                      x: Tensor,
                      state: Optional[KCLAState],
@@ -278,10 +307,12 @@ def compiled_forward(p: KCLAParams,
                                               or p.requires_grad)
     if needs_grad:
         return recomputed_forward(p, x, state, update=compiled_update)
+    ext = extension()
     if state is not None and p.renorm:
         with phase('renormalise'):
-            state = renormalise_in_forward(p, state)
-    ext = extension()
+            state = (compiled_renormalise(p, state)
+                     if renormalise_compiles(p, state) else
+                     fused_renormalise(p, state))
     with phase('pooled'):
         w, z, scale = ext.pooled_forward(x, p.query_weight, p.key_weight,
                                          p.tau, p.clamp, p.head_mix,

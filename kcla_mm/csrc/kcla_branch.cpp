@@ -936,6 +936,42 @@ std::vector<Tensor> block_tail_forward(const Tensor& pre,
   return {x, means};
 }
 
+// U^t = U^{t-1} + w X^t (w X^t without U^{t-1}) alone, plane by plane,
+// with branch_forward's arithmetic (BranchInputs::update_state): what the
+// state tape recomputes for the compiled nodes, bit for bit their forward's.
+// Writes into out where given, which may be U^{t-1} itself.
+Tensor state_forward(const Tensor& x, const c10::optional<Tensor>& u_prev,
+                     const Tensor& w, const c10::optional<Tensor>& out) {
+  const Geometry g = geometry(x, w);
+  auto matches = [&](const c10::optional<Tensor>& t) {
+    return !(t.has_value() && t->defined()) ||
+           (t->sizes() == x.sizes() && t->is_contiguous() &&
+            t->scalar_type() == x.scalar_type());
+  };
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() &&
+                  w.scalar_type() == x.scalar_type() && matches(u_prev) &&
+                  matches(out),
+              "kcla state_forward: x, U^{t-1} and out must be contiguous "
+              "tensors of one shape and dtype, w (N, heads) in that dtype");
+  Tensor u = (out.has_value() && out->defined()) ? *out : at::empty_like(x);
+  const int64_t HW = g.H * g.W;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_state_forward", [&] {
+    using T = scalar_t;
+    const T* xp = x.data_ptr<T>();
+    const T* pp = optional_ptr<T>(u_prev);
+    const T* wp = w.data_ptr<T>();
+    T* up = u.data_ptr<T>();
+    at::parallel_for(0, g.N * g.C, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t nc = begin; nc < end; ++nc) {
+        const int64_t h = (nc / g.C) * g.heads + (nc % g.C) / g.head_dim;
+        state_update<T>(up + nc * HW, pp ? pp + nc * HW : nullptr,
+                        xp + nc * HW, wp[h], HW);
+      }
+    });
+  });
+  return u;
+}
+
 // out = b + a x over n values.
 template <typename T>
 KCLA_CLONES void affine_plane(T* __restrict out, const T* __restrict x, T a,
@@ -1113,6 +1149,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_tail_forward", &block_tail_forward,
         "A residual block's norm, residual add and ReLU in inference, with "
         "the plane means of the result");
+  m.def("state_forward", &state_forward,
+        "The state update alone, as branch_forward computes it");
   m.def("renormalise_forward", &renormalise_forward,
         "Algorithm 1 (re-normalisation of the state) in inference");
   m.def("branch_backward", &branch_backward,

@@ -193,6 +193,15 @@ def norm_args(norm: _BatchNorm, batch_stats: bool):
             None if batch_stats else norm.running_var)
 
 
+def compiled_advance(u: Optional[Tensor], w: Tensor, x: Tensor,
+                     out: Optional[Tensor]) -> Tensor:
+    """The state update of :class:`CompiledUpdate`'s forward kernel alone,
+    bit for bit, for the :class:`StateTape`; into ``out`` where given (the
+    tape's previous state, which nothing else holds), so that a
+    recomputation makes one pass and allocates nothing."""
+    return extension().state_forward(x, u, w, out)
+
+
 class CompiledUpdate(torch.autograd.Function):
     """(x, U^{t-1}, w, scale, mask, kernel, gamma, beta, branch_scale) ->
     (x + branch, U^t) in the kernels. Keeps for backward x (the block's ReLU
@@ -219,7 +228,7 @@ class CompiledUpdate(torch.autograd.Function):
             update_running_stats(norm, mean, var, x.numel() // x.shape[1])
         ctx.params, ctx.tape, ctx.step = p, tape, step
         ctx.keep_prev, ctx.batch_stats = keep_prev, batch_stats
-        tape.record(step, ctx)
+        tape.record(step, ctx, compiled_advance)
         ctx.save_for_backward(x, u_prev if keep_prev else None, w, scale, mask,
                               kernel, gamma, beta, branch_scale, mean, var)
         return out, u

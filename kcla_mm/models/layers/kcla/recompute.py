@@ -109,6 +109,19 @@ def saved(node) -> Tuple[Optional[Tensor], ...]:
             "'fused' (torch >= 2.2 falls back to it by itself)") from exc
 
 
+# advance(U^{t-1}, w, X^t, out) -> U^t, written into ``out`` (which is
+# U^{t-1} or None) where the implementation can.
+StateAdvance = Callable[
+    [Optional[Tensor], Tensor, Tensor, Optional[Tensor]], Tensor]
+
+
+def torch_advance(u: Optional[Tensor], w: Tensor, x: Tensor,
+                  out: Optional[Tensor]) -> Tensor:
+    """The state update of :func:`update_and_branch`, bit for bit; always
+    into a new tensor."""
+    return head_scaled_add(u, w, x)
+
+
 class StateTape:
     """What the states of one run of layers (a stage, or the part of one
     after a re-normalisation) are recomputed from in backward.
@@ -139,12 +152,17 @@ class StateTape:
         # None: the run's first node keeps its incoming state.
         self.start = start
         self.nodes: Dict[int, Callable[[], object]] = {}
+        self.advances: Dict[int, StateAdvance] = {}
         self.cache: Dict[int, Optional[Tensor]] = {}
 
-    def record(self, step: int, node) -> None:
+    def record(self, step: int, node,
+               advance: Optional['StateAdvance'] = None) -> None:
         """Step ``step`` (from 1) is the update of ``node``, a
-        :class:`RecomputedUpdate` context."""
+        :class:`RecomputedUpdate` context (or the compiled kernels'), whose
+        forward computed its state as ``advance`` does (default:
+        :func:`torch_advance`)."""
         self.nodes[step] = weakref.ref(node)
+        self.advances[step] = torch_advance if advance is None else advance
 
     def state(self, step: int) -> Optional[Tensor]:
         """``U`` after ``step`` updates (the start for 0), for its one
@@ -167,10 +185,14 @@ class StateTape:
                 saved(self.nodes[1]())[1]
                 if self.start is None else self.start())
         k = math.isqrt(max(step - base - 1, 0)) + 1  # ceil(sqrt(step - base))
+        # Whether u is a state that only this loop holds (not cached, not
+        # the start): the next one may then be written over it.
+        private = False
         for j in range(base + 1, step + 1):
             x, _, w = saved(self.nodes[j]())[:3]
-            u = head_scaled_add(u, w, x)
-            if j > step - k or (j - base) % k == 0:
+            u = self.advances[j](u, w, x, u if private else None)
+            private = not (j > step - k or (j - base) % k == 0)
+            if not private:
                 self.cache[j] = u
 
 

@@ -218,9 +218,9 @@ def test_pooled_kernel_is_the_torch_ops(ext, float64, carry):
 
 
 @pytest.mark.parametrize('n', [1, 3])
-@pytest.mark.parametrize('case', [
-    'adapt-stride2', 'adapt-stride3', 'adapt-stride1', 'renorm', 'no-affine'
-])
+@pytest.mark.parametrize(
+    'case',
+    ['adapt-stride2', 'adapt-stride3', 'adapt-stride1', 'renorm', 'no-affine'])
 def test_renormalise_kernel_is_algorithm_1(ext, case, n):
     """Algorithm 1 in inference in one kernel call against the reference's
     ``renormalise``, in float64 and float32: a strided adapter over odd

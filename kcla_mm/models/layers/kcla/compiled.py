@@ -293,8 +293,8 @@ def compiled_renormalise(p: KCLAParams, state: KCLAState) -> KCLAState:
     u, z = extension().renormalise_forward(
         state.u, state.z, None if conv is None else conv.weight,
         1 if conv is None else conv.stride[0], norm.weight, norm.bias,
-        norm.running_mean, norm.running_var, norm.eps,
-        p.state_key_conv.weight, p.tau, p.clamp)
+        norm.running_mean, norm.running_var, norm.eps, p.state_key_conv.weight,
+        p.tau, p.clamp)
     return KCLAState(u, z)
 
 
@@ -319,9 +319,10 @@ def compiled_forward(p: KCLAParams,
     ext = extension()
     if state is not None and p.renorm:
         with phase('renormalise'):
-            state = (compiled_renormalise(p, state)
-                     if renormalise_compiles(p, state) else
-                     fused_renormalise(p, state))
+            if renormalise_compiles(p, state):
+                state = compiled_renormalise(p, state)
+            else:
+                state = fused_renormalise(p, state)
     with phase('pooled'):
         w, z, scale = ext.pooled_forward(x, p.query_weight, p.key_weight,
                                          p.tau, p.clamp, p.head_mix,

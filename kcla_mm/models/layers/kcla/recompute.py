@@ -111,8 +111,8 @@ def saved(node) -> Tuple[Optional[Tensor], ...]:
 
 # advance(U^{t-1}, w, X^t, out) -> U^t, written into ``out`` (which is
 # U^{t-1} or None) where the implementation can.
-StateAdvance = Callable[
-    [Optional[Tensor], Tensor, Tensor, Optional[Tensor]], Tensor]
+StateAdvance = Callable[[Optional[Tensor], Tensor, Tensor, Optional[Tensor]],
+                        Tensor]
 
 
 def torch_advance(u: Optional[Tensor], w: Tensor, x: Tensor,
@@ -141,7 +141,10 @@ class StateTape:
     that a run of L layers holds about 2 sqrt(L) states at once rather
     than L (12 in ResNet-101's third stage after the official block 11),
     and none is computed more than twice; each is dropped when its one
-    consumer has taken it.
+    consumer has taken it. Each step is recomputed as its node's forward
+    computed it (the ``advance`` it recorded); the compiled kernels'
+    update writes a state that the tape does not cache over the one
+    before, so a recomputation allocates only what it caches.
 
     The tape reads ``X^t`` and ``w_t`` from the nodes' saved tensors
     (weak references: no cycle keeps a graph alive), so saved-tensor hooks
@@ -155,8 +158,10 @@ class StateTape:
         self.advances: Dict[int, StateAdvance] = {}
         self.cache: Dict[int, Optional[Tensor]] = {}
 
-    def record(self, step: int, node,
-               advance: Optional['StateAdvance'] = None) -> None:
+    def record(self,
+               step: int,
+               node,
+               advance: Optional[StateAdvance] = None) -> None:
         """Step ``step`` (from 1) is the update of ``node``, a
         :class:`RecomputedUpdate` context (or the compiled kernels'), whose
         forward computed its state as ``advance`` does (default:

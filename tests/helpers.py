@@ -105,6 +105,20 @@ def incoming_state(case: str, n: int):
         torch.rand(n, c_in // 64) + 0.5)
 
 
+def adapter_case(stride: int, n: int, u_high: float = 5., z_high: float = 1.):
+    """A randomised 256-channel layer whose Algorithm 1 adapts a 128-channel
+    state at ``stride`` over odd sizes (17x13), with conv groups that split
+    the incoming heads (32 of a 64-channel head), and that state (U in
+    [0, ``u_high``), Z in [0.5, 0.5 + ``z_high``))."""
+    layer = randomise_(
+        KCLALayer(256, renorm=True, state_channels=128, state_stride=stride))
+    assert layer.state_adapt.groups == 4
+    state = KCLAState(
+        torch.rand(n, 128, 17, 13) * u_high,
+        torch.rand(n, 2) * z_high + 0.5)
+    return layer, state
+
+
 NORMS = {'BN': dict(type='BN'), 'GN': dict(type='GN', num_groups=4)}
 
 

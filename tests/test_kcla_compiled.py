@@ -16,7 +16,7 @@ from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.kcla import STATE_EPS
 from kcla_mm.models.layers.kcla.fused import fused_query_key, gate_and_weight
-from helpers import (assert_close_to_max, incoming_state,
+from helpers import (adapter_case, assert_close_to_max, incoming_state,
                      skip_module_without_extension)
 from official_reference import randomise_
 
@@ -233,16 +233,7 @@ def test_renormalise_kernel_is_algorithm_1(ext, case, n):
         if case == 'no-affine':
             layer.state_norm.weight = layer.state_norm.bias = None
     else:
-        layer = randomise_(
-            KCLALayer(
-                256,
-                renorm=True,
-                state_channels=128,
-                state_stride=int(case[-1])))
-        state = KCLAState(
-            torch.rand(n, 128, 17, 13) * 50,
-            torch.rand(n, 2) * 20 + 0.5)
-        assert layer.state_adapt.groups == 4  # 32 of a 64-channel head
+        layer, state = adapter_case(int(case[-1]), n, u_high=50., z_high=20.)
     layer.eval()
     for dtype, tolerance in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
         layer.to(dtype)

@@ -20,8 +20,8 @@ from kcla_mm.models.layers.kcla.fused import (folded_renormalise, folded_value,
                                               fused_query_key,
                                               fused_renormalise)
 from kcla_mm.models.layers.kcla.recompute import recomputed_forward
-from helpers import (assert_close_to_max, assert_same_values_and_gradients,
-                     make_case)
+from helpers import (adapter_case, assert_close_to_max,
+                     assert_same_values_and_gradients, make_case)
 from official_reference import randomise_
 
 CASES = ['first', 'carry', 'adapt', 'renorm']
@@ -113,16 +113,7 @@ def test_folded_renormalise(float64, case, n):
     if case == 'renorm':
         layer, _, state = make_case('renorm', n=n)
     else:
-        layer = randomise_(
-            KCLALayer(
-                256,
-                renorm=True,
-                state_channels=128,
-                state_stride=int(case[-1])))
-        state = KCLAState(
-            torch.rand(n, 128, 17, 13) * 5,
-            torch.rand(n, 2) + 0.5)
-        assert layer.state_adapt.groups == 4  # 32 of a 64-channel head
+        layer, state = adapter_case(int(case[-1]), n)
     layer.eval()
     with torch.no_grad():
         assert folds_renormalise(layer.params(), state)

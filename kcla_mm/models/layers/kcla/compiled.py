@@ -35,7 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ....torch_compat import is_autocast_enabled, is_compiling, is_exporting
 from ..attention_branch import drop_path_mask
 from ..profiling import phase
-from .fused import folds_renormalise, fused_renormalise
+from .fused import folds_renormalise, renormalise_in_forward
 from .params import KCLAParams
 from .recompute import StateTape, recomputed_forward, saved
 from .state import STATE_EPS, KCLAState
@@ -322,7 +322,7 @@ def compiled_forward(p: KCLAParams,
             if renormalise_compiles(p, state):
                 state = compiled_renormalise(p, state)
             else:
-                state = fused_renormalise(p, state)
+                state = renormalise_in_forward(p, state)
     with phase('pooled'):
         w, z, scale = ext.pooled_forward(x, p.query_weight, p.key_weight,
                                          p.tau, p.clamp, p.head_mix,

@@ -808,6 +808,25 @@ std::vector<Tensor> branch_backward(
           to_x(grad_beta), to_x(grad_bs)};
 }
 
+// The ECA-style conv1d over pooled channels v (C values, zero padded) at
+// channel c: sum_t kernel[t] v[c + t - (ks - 1) / 2], in double.
+template <typename T>
+double eca_tap(const T* kernel, int64_t ks, const double* v, int64_t C,
+               int64_t c) {
+  const int64_t pad = (ks - 1) / 2;
+  double total = 0;
+  for (int64_t t = 0; t < ks; ++t) {
+    const int64_t src = c + t - pad;
+    if (src >= 0 && src < C) total += double(kernel[t]) * v[src];
+  }
+  return total;
+}
+
+// A layer weight w = exp(min(||K|| / tau, clamp)).
+inline double layer_weight(double key_norm, double tau, double clamp) {
+  return std::exp(std::min(key_norm / tau, clamp));
+}
+
 // The pooled-vector work of one layer in inference, where eager PyTorch
 // spends more time dispatching a dozen ops on (N, C) vectors than
 // computing them: Q and K (ECA conv1d over the pooled channels), the layer
@@ -826,7 +845,7 @@ std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
   TORCH_CHECK(x.dim() == 4, "kcla pooled_forward: x must be (N, C, H, W)");
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
   const int64_t heads = tau.size(0), head_dim = C / heads;
-  const int64_t ks = query_weight.numel(), pad = (ks - 1) / 2;
+  const int64_t ks = query_weight.numel();
   Tensor w = at::empty({N, heads}, x.options());
   Tensor z = at::empty({N, heads}, x.options());
   Tensor scale = at::empty({N, heads}, x.options());
@@ -861,21 +880,15 @@ std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
         double qk = 0, kk = 0;
         for (int64_t d = 0; d < head_dim; ++d) {
           const int64_t c = h * head_dim + d;
-          double q = 0, k = 0;
-          for (int64_t t = 0; t < ks; ++t) {
-            const int64_t src = c + t - pad;
-            if (src < 0 || src >= C) continue;
-            q += double(qw[t]) * pn[src];
-            k += double(kw[t]) * pn[src];
-          }
+          const double q = eca_tap(qw, ks, pn, C, c);
+          const double k = eca_tap(kw, ks, pn, C, c);
           qk += q * k;
           kk += k * k;
         }
         const double k_norm = std::sqrt(kk);
         // The clamp only guards K = 0, as in the PyTorch layer.
         q_cos[h] = qk / std::max(k_norm, 1e-12);
-        const double wt = std::exp(std::min(k_norm / taup[h], clamp));
-        wp[n * heads + h] = T(wt);
+        wp[n * heads + h] = T(layer_weight(k_norm, taup[h], clamp));
       }
       for (int64_t h = 0; h < heads; ++h) {
         double phi = 0;
@@ -1032,7 +1045,7 @@ std::vector<Tensor> renormalise_forward(
   const int64_t heads = tau.size(0), head_dim = C_out / heads;
   TORCH_CHECK(C_out % heads == 0,
               "kcla renormalise_forward: heads must divide the new width");
-  const int64_t ks = key_weight.numel(), pad = (ks - 1) / 2;
+  const int64_t ks = key_weight.numel();
   const bool gathers = adapts && stride > 1;
   Tensor sub = gathers ? at::empty({N, C_in, P}, u.options()) : u;
   Tensor out = at::empty({N, C_out, Ho, Wo}, u.options());
@@ -1096,16 +1109,11 @@ std::vector<Tensor> renormalise_forward(
       for (int64_t h = 0; h < heads; ++h) {
         double kk = 0;
         for (int64_t d = 0; d < head_dim; ++d) {
-          const int64_t c = h * head_dim + d;
-          double k = 0;
-          for (int64_t t = 0; t < ks; ++t) {
-            const int64_t src = c + t - pad;
-            if (src >= 0 && src < C_out) k += double(kw[t]) * mean[src];
-          }
+          const double k =
+              eca_tap(kw, ks, mean.data(), C_out, h * head_dim + d);
           kk += k * k;
         }
-        zo[n * heads + h] =
-            T(std::exp(std::min(std::sqrt(kk) / taup[h], clamp)));
+        zo[n * heads + h] = T(layer_weight(std::sqrt(kk), taup[h], clamp));
       }
       for (int64_t o = 0; o < C_out; ++o) {
         const double zh = zo[n * heads + o / head_dim];

@@ -140,11 +140,14 @@ class StateTape:
     ``k``-th before them (``k`` about the square root of the distance), so
     that a run of L layers holds about 2 sqrt(L) states at once rather
     than L (12 in ResNet-101's third stage after the official block 11),
-    and none is computed more than twice; each is dropped when its one
-    consumer has taken it. Each step is recomputed as its node's forward
-    computed it (the ``advance`` it recorded); the compiled kernels'
-    update writes a state that the tape does not cache over the one
-    before, so a recomputation allocates only what it caches.
+    and none is computed more than twice; each is dropped when its
+    consumers (the next node, a re-normalisation that recomputes its
+    input from the tape, the next block's convs that recompute the
+    layer's output: :meth:`consumes`) have taken it. Each step is
+    recomputed as its node's forward computed it (the ``advance`` it
+    recorded); the compiled kernels' update writes a state that the tape
+    does not cache over the one before, so a recomputation allocates only
+    what it caches.
 
     The tape reads ``X^t`` and ``w_t`` from the nodes' saved tensors
     (weak references: no cycle keeps a graph alive), so saved-tensor hooks
@@ -157,6 +160,15 @@ class StateTape:
         self.nodes: Dict[int, Callable[[], object]] = {}
         self.advances: Dict[int, StateAdvance] = {}
         self.cache: Dict[int, Optional[Tensor]] = {}
+        # step -> how many take its state in one backward pass, and of a
+        # cached state how many have yet to.
+        self.consumers: Dict[int, int] = {}
+        self.left: Dict[int, int] = {}
+
+    def consumes(self, step: int) -> None:
+        """One more consumer takes the state after ``step`` updates in each
+        backward pass (one is assumed where none said so)."""
+        self.consumers[step] = self.consumers.get(step, 0) + 1
 
     def record(self,
                step: int,
@@ -169,15 +181,23 @@ class StateTape:
         self.nodes[step] = weakref.ref(node)
         self.advances[step] = torch_advance if advance is None else advance
 
-    def state(self, step: int) -> Optional[Tensor]:
-        """``U`` after ``step`` updates (the start for 0), for its one
-        consumer."""
+    def state(self, step: int, on_the_way: bool = True) -> Optional[Tensor]:
+        """``U`` after ``step`` updates (the start for 0), for one of its
+        consumers; ``on_the_way=False`` caches no checkpoints on the way
+        (for a consumer whose neighbours take theirs much later)."""
         if step not in self.cache:
             with torch.no_grad(), phase('tape'):
-                self.recompute(step)
-        return self.cache.pop(step)
+                self.recompute(step, on_the_way)
+        u = self.cache[step]
+        left = self.left.get(step, self.consumers.get(step, 1)) - 1
+        if left > 0:
+            self.left[step] = left
+        else:
+            del self.cache[step]
+            self.left.pop(step, None)
+        return u
 
-    def recompute(self, step: int) -> None:
+    def recompute(self, step: int, on_the_way: bool = True) -> None:
         """Caches ``U`` after ``step`` updates and the checkpoints on the
         way there (class docstring), bit for bit the forward's."""
         below = [j for j in self.cache if j < step]
@@ -189,6 +209,7 @@ class StateTape:
             u = self.cache[0] = (
                 saved(self.nodes[1]())[1]
                 if self.start is None else self.start())
+            self.left.pop(0, None)
         k = math.isqrt(max(step - base - 1, 0)) + 1  # ceil(sqrt(step - base))
         # Whether u is a state that only this loop holds (not cached, not
         # the start): the next one may then be written over it.
@@ -196,9 +217,11 @@ class StateTape:
         for j in range(base + 1, step + 1):
             x, _, w = saved(self.nodes[j]())[:3]
             u = self.advances[j](u, w, x, u if private else None)
-            private = not (j > step - k or (j - base) % k == 0)
+            private = j < step and not (on_the_way and (j > step - k or
+                                                        (j - base) % k == 0))
             if not private:
                 self.cache[j] = u
+                self.left.pop(j, None)
 
 
 class RecomputedUpdate(torch.autograd.Function):
@@ -213,6 +236,8 @@ class RecomputedUpdate(torch.autograd.Function):
                 nn.Parameter) -> Tuple[Tensor, Tensor]:
         ctx.params, ctx.tape, ctx.step = p, tape, step
         ctx.keep_prev = keep_prev
+        if not keep_prev:
+            tape.consumes(step - 1)
         ctx.norm_attributes = where(p.norm_attributes())
         ctx.set_materialize_grads(False)
         tape.record(step, ctx)
@@ -273,6 +298,8 @@ class RecomputedRenorm(torch.autograd.Function):
             with phase('renormalise'):
                 return tuple(renormalise_strided_input(p, sub, ctx.size, z))
         ctx.source, ctx.incoming_shape = source, None
+        if source is not None:
+            source[0].consumes(source[1])
         ctx.save_for_backward(None if source else u, z, *params)
         with phase('renormalise'):
             return tuple(fused_renormalise(p, KCLAState(u, z)))
@@ -284,7 +311,7 @@ class RecomputedRenorm(torch.autograd.Function):
         u, z = saved(ctx)[:2]
         if ctx.source is not None:
             tape, step = ctx.source
-            u = tape.state(step)
+            u = tape.state(step, on_the_way=False)
         return KCLAState(u, z)
 
     @staticmethod

@@ -161,6 +161,39 @@ def test_large_planes_keep_fp32_precision(ext):
     assert_close_to_max(u.double(), want_u, 1e-6)
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize('size', [(1, 1), (2, 3), (9, 7), (28, 28)])
+@pytest.mark.parametrize('batch_stats', [True, False])
+@pytest.mark.parametrize('variant', ['first', 'carry', 'masked', 'scaled'])
+def test_branch_output_is_the_forward_output(ext, size, batch_stats, variant,
+                                             dtype):
+    """branch_output from U^t and the statistics branch_forward returned is
+    its out bit for bit (what the next block's convs recompute in
+    backward, kcla_recompute_outputs), with the batch's statistics or the
+    running ones, a dropped sample and a branch scale."""
+    args = random_args(
+        3,
+        8,
+        *size,
+        heads=2,
+        dtype=dtype,
+        first=variant == 'first',
+        batch_stats=batch_stats,
+        masked=variant == 'masked',
+        scaled=variant == 'scaled')
+    (x, u_prev, w, scale, kernel, gamma, beta, mean, var, eps, branch_scale,
+     mask) = args
+    out, u, got_mean, got_var = ext.branch_forward(x, u_prev, w, scale, kernel,
+                                                   gamma, beta, mean, var,
+                                                   batch_stats, eps,
+                                                   branch_scale, mask, False,
+                                                   False)
+    again = ext.branch_output(x, u, w, scale, kernel, gamma, beta, got_mean,
+                              got_var, eps, branch_scale, mask)
+    assert torch.equal(again, out)
+    assert again.data_ptr() not in (x.data_ptr(), u.data_ptr())
+
+
 @pytest.mark.parametrize('out_in_place', [False, True])
 @pytest.mark.parametrize('state_in_place', [False, True])
 def test_in_place_inference_writes_into_its_inputs(ext, out_in_place,

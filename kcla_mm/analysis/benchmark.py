@@ -87,7 +87,8 @@ def load_official(path: str, depth: int) -> nn.Module:
 def model_names(implementations: Sequence[str],
                 official: bool = False) -> List[str]:
     """The names :func:`build_model` takes: ``'resnet'``, ``'kcla:<impl>'``
-    per implementation and ``'official'``."""
+    per implementation (``<impl>`` may end in ``+outputs``:
+    ``kcla_recompute_outputs=True``) and ``'official'``."""
     names = ['resnet'] + [f'kcla:{impl}' for impl in implementations]
     return names + ['official'] if official else names
 
@@ -110,7 +111,13 @@ def build_model(name: str,
     if name == 'resnet':
         model = ResNet(**common)
     elif name.startswith('kcla:'):
-        model = KCLAResNet(**common, kcla_implementation=name[len('kcla:'):])
+        impl, plus, option = name[len('kcla:'):].partition('+')
+        if plus and option != 'outputs':
+            raise ValueError(f'unknown model {name!r}')
+        model = KCLAResNet(
+            **common,
+            kcla_implementation=impl,
+            kcla_recompute_outputs=bool(plus))
     elif name == 'official':
         return load_official(official, depth)  # it inits itself
     else:

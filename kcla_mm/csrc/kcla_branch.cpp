@@ -527,6 +527,22 @@ struct BranchInputs {
   ChannelNorm norm(int64_t c, double mean, double var, double eps) const {
     return affine_norm(gamma, beta, c, mean, var, eps);
   }
+  // The norm folded into the kernel, ReLU, drop path and the residual add
+  // of plane nc into out, from its conv output v and the statistics the
+  // norm applies (mean, var of its channel); out may be x (inplace).
+  void finish_plane(T* out, int64_t nc, const T* v, T mean, T var, double eps,
+                    bool inplace) const {
+    const int64_t HW = g.H * g.W, c = channel(nc);
+    const T mb = drop_factor(nc) * branch_factor(nc);
+    if (mb == T(0)) {
+      // A dropped sample (or a branch scale of 0): out = X^t.
+      if (!inplace) std::copy(x + nc * HW, x + (nc + 1) * HW, out + nc * HW);
+      return;
+    }
+    const ChannelNorm cn = norm(c, mean, var, eps);
+    relu_residual<T>(out + nc * HW, x + nc * HW, v, mean, T(cn.a), T(cn.beta),
+                     mb, HW);
+  }
 };
 
 // Forward. Returns (out, U^t, mean, var); mean and var are the statistics
@@ -558,20 +574,9 @@ std::vector<Tensor> branch_forward(
     T* meanp = mean.data_ptr<T>();
     T* varp = var.data_ptr<T>();
 
-    // The norm folded into the kernel, ReLU, drop path and the residual
-    // add of plane nc, from its conv output v.
     auto finish_plane = [&](int64_t nc, const T* v) {
       const int64_t c = in.channel(nc);
-      const T mb = in.drop_factor(nc) * in.branch_factor(nc);
-      if (mb == T(0)) {
-        // A dropped sample (or a branch scale of 0): out = X^t.
-        if (!inplace)
-          std::copy(in.x + nc * HW, in.x + (nc + 1) * HW, op + nc * HW);
-        return;
-      }
-      const ChannelNorm cn = in.norm(c, meanp[c], varp[c], eps);
-      relu_residual<T>(op + nc * HW, in.x + nc * HW, v, meanp[c], T(cn.a),
-                       T(cn.beta), mb, HW);
+      in.finish_plane(op, nc, v, meanp[c], varp[c], eps, inplace);
     };
 
     if (batch_stats) {
@@ -644,6 +649,47 @@ std::vector<Tensor> branch_forward(
     }
   });
   return {out, u_new, mean, var};
+}
+
+// branch_forward's out from U^t itself (not U^{t-1}) and the statistics
+// it returned: the same conv and finish of each plane, bit for bit, without
+// the state update or the batch statistics. For the next block's convs,
+// which recompute their input in backward instead of keeping it.
+Tensor branch_output(const Tensor& x, const Tensor& u, const Tensor& w,
+                     const Tensor& scale, const Tensor& kernel,
+                     const c10::optional<Tensor>& gamma,
+                     const c10::optional<Tensor>& beta, const Tensor& mean,
+                     const Tensor& var, double eps,
+                     const c10::optional<Tensor>& branch_scale,
+                     const c10::optional<Tensor>& mask) {
+  const Geometry g = geometry(x, w);
+  TORCH_CHECK(u.sizes() == x.sizes() && u.is_contiguous() &&
+                  u.scalar_type() == x.scalar_type(),
+              "kcla branch_output: U^t must be a contiguous tensor like x");
+  const int64_t HW = g.H * g.W, planes = g.N * g.C;
+  Tensor out = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_branch_output", [&] {
+    using T = scalar_t;
+    const BranchInputs<T> in(g, x, c10::nullopt, w, scale, kernel, gamma,
+                             beta, branch_scale, mask);
+    const T* up = u.data_ptr<T>();
+    const T* meanp = mean.data_ptr<T>();
+    const T* varp = var.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> v(HW);
+      for (int64_t nc = begin; nc < end; ++nc) {
+        if (in.drop_factor(nc) * in.branch_factor(nc) != T(0)) {
+          T k[9];
+          in.scaled_kernel(nc, k);
+          conv3x3<T>(up + nc * HW, v.data(), k, g.H, g.W);
+        }
+        const int64_t c = in.channel(nc);
+        in.finish_plane(op, nc, v.data(), meanp[c], varp[c], eps, false);
+      }
+    });
+  });
+  return out;
 }
 
 // Backward of branch_forward given U^{t-1} (recomputing U^t plane by plane)
@@ -1151,6 +1197,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("branch_forward", &branch_forward,
         "KCLA state update, depthwise conv, norm, ReLU, drop path and "
         "residual add, one plane at a time");
+  m.def("branch_output", &branch_output,
+        "branch_forward's output from U^t and its statistics");
   m.def("pooled_forward", &pooled_forward,
         "Queries, keys, layer weight, gate and state normaliser of one "
         "layer, without autograd");

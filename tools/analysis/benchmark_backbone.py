@@ -112,10 +112,11 @@ def parse_args(argv=None):
         dest='implementations',
         nargs='+',
         default=['auto'],
-        choices=list(IMPLEMENTATIONS),
+        choices=list(IMPLEMENTATIONS) + ['auto+outputs', 'compiled+outputs'],
         help="KCLAResNet(kcla_implementation=...), one column each: 'auto' "
         "runs the compiled kernels where built, 'fused' and 'recompute' are "
-        'the pure-PyTorch paths')
+        "the pure-PyTorch paths; '+outputs' adds "
+        'kcla_recompute_outputs=True')
     parser.add_argument(
         '--official',
         metavar='FILE',

@@ -33,6 +33,7 @@ PHASES: Dict[str, str] = {
     'update_branch_backward': 'state update + branch, C++ backward',
     'backward': 'recomputed graph, backward (Algorithm 1, update, branch)',
     'tape': 'states recomputed for backward (tape)',
+    'output_recompute': 'layer outputs recomputed for the next block, C++',
 }
 
 _NO_LABEL = contextlib.nullcontext()

@@ -37,6 +37,7 @@ from .dispatch import IMPLEMENTATIONS, select_implementation
 from .fused import fused_forward
 from .params import KCLAParams
 from .recompute import recomputed_forward
+from .recomputed_input import block_with_recomputed_input
 from .state import STATE_EPS, KCLAState
 
 #: The fast implementations' forward functions, by name.
@@ -117,6 +118,15 @@ class KCLALayer(BaseModule):
             function; :data:`.dispatch.DISPATCH` says which runs a call,
             and ``last_implementation`` which ran the last one.
             Default: 'auto'.
+        recompute_block_input (bool): In a train step on the compiled
+            kernels, let the block before this layer (the one
+            :meth:`forward_with_block` runs) recompute its input, the
+            previous layer's output, in backward instead of keeping it
+            (:mod:`.recomputed_input`): that is the one block-sized tensor
+            per block that KCLA adds to what ResNet keeps, so activation
+            memory falls to about ResNet's, for one more pass of the
+            previous branch in backward. Gradients are bit for bit the
+            same. Default: False.
         zero_init_branch (bool): Multiply the branch output (after its
             ReLU) by a learnable per-channel ``branch_scale`` that starts
             at 0, so that the layer starts by returning X^t unchanged (warm
@@ -143,6 +153,7 @@ class KCLALayer(BaseModule):
                  clamp: float = 10.,
                  drop_path: float = 0.2,
                  implementation: str = 'auto',
+                 recompute_block_input: bool = False,
                  zero_init_branch: bool = False,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),
@@ -164,6 +175,7 @@ class KCLALayer(BaseModule):
         self.clamp = float(clamp)
         self.drop_path = drop_path
         self.implementation = implementation
+        self.recompute_block_input = recompute_block_input
         # The implementation that ran the last call (see .dispatch).
         self.last_implementation: Optional[str] = None
         state_channels = channels if state_channels is None else state_channels
@@ -316,15 +328,21 @@ class KCLALayer(BaseModule):
             self, block: nn.Module, x: Tensor,
             state: Optional[KCLAState]) -> Optional[Tuple[Tensor, KCLAState]]:
         """``self(block(x), state)`` with the block's last norm, residual
-        add and ReLU fused into the compiled kernels, where nothing could
-        tell the difference (:mod:`.block_tail`); None, having run
-        nothing, elsewhere: the caller then runs ``block`` and this layer
-        as modules. A layer-attention backbone asks any attention module
-        that offers this method."""
+        add and ReLU fused into the compiled kernels in inference
+        (:mod:`.block_tail`), or, with ``recompute_block_input``, in a
+        train step with the block's convs recomputing ``x``, the previous
+        layer's output, in backward instead of keeping it
+        (:mod:`.recomputed_input`), where nothing could tell the
+        difference; None, having run nothing, elsewhere: the caller
+        then runs ``block`` and this layer as modules. A layer-attention
+        backbone asks any attention module that offers this method."""
         out = fused_block_and_kcla(block, self, x, state)
         if out is not None:
             self.last_implementation = 'compiled'
-        return out
+            return out
+        if self.recompute_block_input:
+            return block_with_recomputed_input(block, self, x, state)
+        return None
 
     def forward(self, x: Tensor,
                 state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:

@@ -33,8 +33,8 @@ def twins(depth, cls=KCLAResNet, **kwargs):
     """(keeps outputs, recomputes them): randomised, equal weights."""
     common = dict(depth=depth, base_channels=8, head_dim=8, kcla_drop_path=0.3)
     common.update(kwargs)
-    keeps = randomise_(cls(**common))
-    recomputes = cls(kcla_recompute_outputs=True, **common)
+    keeps = randomise_(cls(kcla_recompute_outputs=False, **common))
+    recomputes = cls(**common)  # the default
     recomputes.load_state_dict(keeps.state_dict())
     return keeps, recomputes
 

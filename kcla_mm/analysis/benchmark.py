@@ -87,8 +87,8 @@ def load_official(path: str, depth: int) -> nn.Module:
 def model_names(implementations: Sequence[str],
                 official: bool = False) -> List[str]:
     """The names :func:`build_model` takes: ``'resnet'``, ``'kcla:<impl>'``
-    per implementation (``<impl>`` may end in ``+outputs``:
-    ``kcla_recompute_outputs=True``) and ``'official'``."""
+    per implementation (``<impl>`` may end in ``+keep-outputs``:
+    ``kcla_recompute_outputs=False``) and ``'official'``."""
     names = ['resnet'] + [f'kcla:{impl}' for impl in implementations]
     return names + ['official'] if official else names
 
@@ -112,12 +112,12 @@ def build_model(name: str,
         model = ResNet(**common)
     elif name.startswith('kcla:'):
         impl, plus, option = name[len('kcla:'):].partition('+')
-        if plus and option != 'outputs':
+        if plus and option != 'keep-outputs':
             raise ValueError(f'unknown model {name!r}')
         model = KCLAResNet(
             **common,
             kcla_implementation=impl,
-            kcla_recompute_outputs=bool(plus))
+            kcla_recompute_outputs=not plus)
     elif name == 'official':
         return load_official(official, depth)  # it inits itself
     else:

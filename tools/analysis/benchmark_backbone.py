@@ -112,11 +112,12 @@ def parse_args(argv=None):
         dest='implementations',
         nargs='+',
         default=['auto'],
-        choices=list(IMPLEMENTATIONS) + ['auto+outputs', 'compiled+outputs'],
+        choices=list(IMPLEMENTATIONS) +
+        ['auto+keep-outputs', 'compiled+keep-outputs'],
         help="KCLAResNet(kcla_implementation=...), one column each: 'auto' "
         "runs the compiled kernels where built, 'fused' and 'recompute' are "
-        "the pure-PyTorch paths; '+outputs' adds "
-        'kcla_recompute_outputs=True')
+        "the pure-PyTorch paths; '+keep-outputs' adds "
+        'kcla_recompute_outputs=False')
     parser.add_argument(
         '--official',
         metavar='FILE',

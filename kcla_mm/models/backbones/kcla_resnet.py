@@ -16,7 +16,7 @@ def check_kcla_args(temperature_range,
                     renorm_blocks,
                     kcla_implementation,
                     num_stages: int,
-                    kcla_recompute_outputs=False) -> None:
+                    kcla_recompute_outputs=True) -> None:
     """The KCLA options of the backbones, each error naming its key (the
     layers get them under other names: ``drop_path``, ``renorm``,
     ``implementation``)."""
@@ -63,7 +63,7 @@ class KCLAResNetMixin:
                  kcla_drop_path: float = 0.2,
                  renorm_blocks: Sequence[int] = (0, 11),
                  kcla_implementation: str = 'auto',
-                 kcla_recompute_outputs: bool = False,
+                 kcla_recompute_outputs: bool = True,
                  **kwargs):
         check_kcla_args(
             temperature_range=temperature_range,
@@ -134,10 +134,11 @@ class KCLAResNet(KCLAResNetMixin, CrossLayerResNet):
         kcla_recompute_outputs (bool): In a train step on the compiled
             kernels, recompute each KCLA layer's output in backward where
             the next block's convs read it, instead of keeping it: the
-            activation memory falls to about ResNet's (from about 1.3x),
-            for about 2% more time per step; gradients are bit for bit
-            the same. See the layer's ``recompute_block_input``.
-            Default: False.
+            activation memory falls to about ResNet's (1.02-1.03x, from
+            1.27-1.31x), for one more pass of each branch per step (1-2%
+            of a ResNet-50 step, docs/benchmarks.md); gradients are bit for
+            bit the same. False keeps the outputs. See the layer's
+            ``recompute_block_input``. Default: True.
         zero_init_attention (bool): Start every attention branch at zero
             (warm start from plain ResNet weights), see
             :class:`CrossLayerResNetMixin`. Default: False.

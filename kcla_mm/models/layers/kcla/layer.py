@@ -126,7 +126,7 @@ class KCLALayer(BaseModule):
             per block that KCLA adds to what ResNet keeps, so activation
             memory falls to about ResNet's, for one more pass of the
             previous branch in backward. Gradients are bit for bit the
-            same. Default: False.
+            same. Default: True.
         zero_init_branch (bool): Multiply the branch output (after its
             ReLU) by a learnable per-channel ``branch_scale`` that starts
             at 0, so that the layer starts by returning X^t unchanged (warm
@@ -153,7 +153,7 @@ class KCLALayer(BaseModule):
                  clamp: float = 10.,
                  drop_path: float = 0.2,
                  implementation: str = 'auto',
-                 recompute_block_input: bool = False,
+                 recompute_block_input: bool = True,
                  zero_init_branch: bool = False,
                  conv_cfg: Optional[dict] = None,
                  norm_cfg: dict = dict(type='BN'),

@@ -12,7 +12,8 @@ and the per-channel statistics that the layer's node keeps, bit for bit
 (``branch_output``): :func:`block_with_recomputed_input` runs the next
 block with those convs as :class:`RecomputedInputConv` nodes, which keep
 their weight and a :class:`KCLAOutput` instead of their input. The price
-is one pass of the branch per layer in backward.
+is one pass of the branch per layer in backward. On by default
+(``KCLAResNet(kcla_recompute_outputs=True)``).
 
 It applies where the block's input is the output of the compiled kernels'
 train-step node (:class:`.CompiledUpdate`) and the block is one of mmdet's

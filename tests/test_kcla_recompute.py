@@ -433,3 +433,18 @@ def test_backward_replays_with_the_tensors_of_the_forward(implementation):
         assert p.grad is not None, name
         torch.testing.assert_close(
             p.grad, want[name].grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize('implementation', LEAN)
+def test_a_second_derivative_is_refused_not_wrong(implementation):
+    """The lean nodes' gradients are not recorded for a second derivative:
+    create_graph=True raises, naming the implementations that give one,
+    instead of returning a silently wrong one ('fused' does)."""
+    _, model = pair(18, implementation=implementation, norm_eval=False)
+    model.train()
+    x = torch.rand(2, 3, 32, 32, requires_grad=True)
+    with pytest.raises(RuntimeError, match="'fused' or 'reference'"):
+        torch.autograd.grad(
+            sum(o.square().sum() for o in model(x)), x, create_graph=True)
+    # Once, without create_graph, it runs.
+    torch.autograd.grad(sum(o.square().sum() for o in model(x)), x)

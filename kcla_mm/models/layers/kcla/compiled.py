@@ -37,7 +37,8 @@ from ..attention_branch import drop_path_mask
 from ..profiling import phase
 from .fused import folds_renormalise, renormalise_in_forward
 from .params import KCLAParams
-from .recompute import StateTape, recomputed_forward, saved
+from .recompute import (StateTape, differentiable_once, recomputed_forward,
+                        saved)
 from .state import STATE_EPS, KCLAState
 
 
@@ -237,6 +238,7 @@ class CompiledUpdate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor, grad_u: Tensor):
+        differentiable_once('CompiledUpdate')
         (x, u_prev, w, scale, mask, kernel, gamma, beta, branch_scale, mean,
          var) = saved(ctx)
         if ctx.keep_prev:

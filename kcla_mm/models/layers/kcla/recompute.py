@@ -109,6 +109,21 @@ def saved(node) -> Tuple[Optional[Tensor], ...]:
             "'fused' (torch >= 2.2 falls back to it by itself)") from exc
 
 
+def differentiable_once(node: str) -> None:
+    """Raises where a backward pass is being differentiated itself
+    (``create_graph=True``: grad mode is on inside a node's backward only
+    then). The nodes here compute their gradients with the kernels, or
+    with ``autograd.grad`` on a replay, neither recorded for a second
+    derivative, which would then come out silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f'{node}: a KCLA train step on kcla_implementation \'auto\' (the '
+            "compiled kernels), 'compiled' or 'recompute' can be "
+            'differentiated once; for second derivatives (backward or '
+            "autograd.grad with create_graph=True) use kcla_implementation="
+            "'fused' or 'reference'")
+
+
 # advance(U^{t-1}, w, X^t, out) -> U^t, written into ``out`` (which is
 # U^{t-1} or None) where the implementation can.
 StateAdvance = Callable[[Optional[Tensor], Tensor, Tensor, Optional[Tensor]],
@@ -247,6 +262,7 @@ class RecomputedUpdate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_x: Optional[Tensor], grad_u: Optional[Tensor]):
+        differentiable_once('RecomputedUpdate')
         x, u_prev, w, scale, mask, *params = saved(ctx)
         if ctx.keep_prev:
             # The run's recomputation cached this start too: drop it.
@@ -343,6 +359,7 @@ class RecomputedRenorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_u: Optional[Tensor], grad_z: Optional[Tensor]):
+        differentiable_once('RecomputedRenorm')
         params = list(saved(ctx)[2:])
         inputs, outputs = RecomputedRenorm.replay(ctx)
         ctx.replayed = None  # a second backward pass replays again

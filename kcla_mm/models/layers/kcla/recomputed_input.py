@@ -39,7 +39,7 @@ from ....torch_compat import in_process_group, is_compiling, is_exporting
 from ..profiling import phase
 from .block_tail import BOTTLENECKS, KNOWN_BLOCKS, has_hooks
 from .compiled import CompiledUpdate, extension
-from .recompute import saved
+from .recompute import differentiable_once, saved
 from .state import KCLAState
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,6 +93,7 @@ class RecomputedInputConv(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
+        differentiable_once('RecomputedInputConv')
         weight, = saved(ctx)
         x = ctx.source.take()
         stride, padding, dilation, groups = ctx.geometry

@@ -249,7 +249,7 @@ def test_benchmark_backbone_adds_the_official_file(tmp_path, benchmark_tool,
 IMPLEMENTATION_PHASES = {
     'compiled': {
         'renormalise', 'pooled', 'update_branch', 'update_branch_backward',
-        'backward', 'tape'
+        'backward', 'tape', 'output_recompute'
     },
     'fused': {'renormalise', 'pooled', 'state_update', 'branch', 'residual'},
     'recompute': {

@@ -22,7 +22,6 @@ fused path, as do inference and frozen layers (nothing to differentiate).
 Tested against the reference in tests/test_kcla_fused.py (one layer) and
 tests/test_kcla_recompute.py (whole backbones).
 """
-import math
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -124,6 +123,12 @@ def differentiable_once(node: str) -> None:
             "'fused' or 'reference'")
 
 
+#: The tape caches every this-th state on the way to a requested one. 3
+#: recomputes about 2 L updates for a run of L layers, as caching the last
+#: sqrt(L) states and every sqrt(L)-th before them does, and holds fewer
+#: states for every L up to about 36 (5 against 8 for L = 12).
+CHECKPOINT_EVERY = 3
+
 # advance(U^{t-1}, w, X^t, out) -> U^t, written into ``out`` (which is
 # U^{t-1} or None) where the implementation can.
 StateAdvance = Callable[[Optional[Tensor], Tensor, Tensor, Optional[Tensor]],
@@ -151,11 +156,12 @@ class StateTape:
     network's first block, else recomputed from what the run's first node
     or the re-normalisation node keeps. Backward visits the layers last to
     first: a request recomputes from the nearest state still cached below
-    it and caches, on the way, the states of the last ``k`` steps and every
-    ``k``-th before them (``k`` about the square root of the distance), so
-    that a run of L layers holds about 2 sqrt(L) states at once rather
-    than L (12 in ResNet-101's third stage after the official block 11),
-    and none is computed more than twice; each is dropped when its
+    it and caches on the way every :data:`CHECKPOINT_EVERY`-th state (3rd)
+    counted from there, so that a run of L layers holds about L / 3 + 2
+    states at once rather than L (12 in ResNet-101's third stage after the
+    official block 11), for about 2 L recomputed updates in all (each
+    request recomputes at most two before the one asked for); each is
+    dropped when its
     consumers (the next node, a re-normalisation that recomputes its
     input from the tape, the next block's convs that recompute the
     layer's output: :meth:`consumes`) have taken it. Each step is
@@ -225,15 +231,14 @@ class StateTape:
                 saved(self.nodes[1]())[1]
                 if self.start is None else self.start())
             self.left.pop(0, None)
-        k = math.isqrt(max(step - base - 1, 0)) + 1  # ceil(sqrt(step - base))
         # Whether u is a state that only this loop holds (not cached, not
         # the start): the next one may then be written over it.
         private = False
         for j in range(base + 1, step + 1):
             x, _, w = saved(self.nodes[j]())[:3]
             u = self.advances[j](u, w, x, u if private else None)
-            private = j < step and not (on_the_way and (j > step - k or
-                                                        (j - base) % k == 0))
+            private = j < step and not (on_the_way and
+                                        (j - base) % CHECKPOINT_EVERY == 0)
             if not private:
                 self.cache[j] = u
                 self.left.pop(j, None)

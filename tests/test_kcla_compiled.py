@@ -68,6 +68,26 @@ def random_args(n, c, h, w, heads, dtype, first, batch_stats, masked, scaled):
             branch_scale, mask)
 
 
+def variant_forward(ext, n, size, batch_stats, variant, dtype):
+    """random_args of a test variant ('first', 'carry', 'masked',
+    'scaled'; 8 channels, 2 heads) and branch_forward's outputs on them."""
+    args = random_args(
+        n,
+        8,
+        *size,
+        heads=2,
+        dtype=dtype,
+        first=variant == 'first',
+        batch_stats=batch_stats,
+        masked=variant == 'masked',
+        scaled=variant == 'scaled')
+    (x, u_prev, w, scale, kernel, gamma, beta, mean, var, eps, branch_scale,
+     mask) = args
+    return args, ext.branch_forward(x, u_prev, w, scale, kernel, gamma, beta,
+                                    mean, var, batch_stats, eps, branch_scale,
+                                    mask, False, False)
+
+
 SIZES = [(1, 1), (1, 5), (5, 1), (2, 2), (2, 3), (3, 3), (4, 7), (9, 7),
          (5, 19)]
 
@@ -81,23 +101,11 @@ def test_branch_kernels_are_the_torch_ops(ext, size, n, batch_stats, variant):
     input's gradient) of one layer's block-sized work on planes of every
     border case (1, 2, 3 rows or columns: the flat conv loop and its
     corrections)."""
-    args = random_args(
-        n,
-        8,
-        *size,
-        heads=2,
-        dtype=torch.float64,
-        first=variant == 'first',
-        batch_stats=batch_stats,
-        masked=variant == 'masked',
-        scaled=variant == 'scaled')
+    args, (out, u, got_mean,
+           got_var) = variant_forward(ext, n, size, batch_stats, variant,
+                                      torch.float64)
     (x, u_prev, w, scale, kernel, gamma, beta, mean, var, eps, branch_scale,
      mask) = args
-    out, u, got_mean, got_var = ext.branch_forward(x, u_prev, w, scale, kernel,
-                                                   gamma, beta, mean, var,
-                                                   batch_stats, eps,
-                                                   branch_scale, mask, False,
-                                                   False)
 
     leaves = [
         t for t in (x, u_prev, w, scale, kernel, gamma, beta, branch_scale)
@@ -171,23 +179,11 @@ def test_branch_output_is_the_forward_output(ext, size, batch_stats, variant,
     its out bit for bit (what the next block's convs recompute in
     backward, kcla_recompute_outputs), with the batch's statistics or the
     running ones, a dropped sample and a branch scale."""
-    args = random_args(
-        3,
-        8,
-        *size,
-        heads=2,
-        dtype=dtype,
-        first=variant == 'first',
-        batch_stats=batch_stats,
-        masked=variant == 'masked',
-        scaled=variant == 'scaled')
+    args, (out, u, got_mean,
+           got_var) = variant_forward(ext, 3, size, batch_stats, variant,
+                                      dtype)
     (x, u_prev, w, scale, kernel, gamma, beta, mean, var, eps, branch_scale,
      mask) = args
-    out, u, got_mean, got_var = ext.branch_forward(x, u_prev, w, scale, kernel,
-                                                   gamma, beta, mean, var,
-                                                   batch_stats, eps,
-                                                   branch_scale, mask, False,
-                                                   False)
     again = ext.branch_output(x, u, w, scale, kernel, gamma, beta, got_mean,
                               got_var, eps, branch_scale, mask)
     assert torch.equal(again, out)

@@ -229,9 +229,7 @@ class CompiledUpdate(torch.autograd.Function):
             update_running_stats(norm, mean, var, x.numel() // x.shape[1])
         ctx.params, ctx.tape, ctx.step = p, tape, step
         ctx.keep_prev, ctx.batch_stats = keep_prev, batch_stats
-        if not keep_prev:
-            tape.consumes(step - 1)
-        tape.record(step, ctx, compiled_advance)
+        tape.record(step, ctx, keep_prev, compiled_advance)
         ctx.save_for_backward(x, u_prev if keep_prev else None, w, scale, mask,
                               kernel, gamma, beta, branch_scale, mean, var)
         return out, u

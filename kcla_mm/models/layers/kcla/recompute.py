@@ -161,10 +161,10 @@ class StateTape:
     states at once rather than L (12 in ResNet-101's third stage after the
     official block 11), for about 2 L recomputed updates in all (each
     request recomputes at most two before the one asked for); each is
-    dropped when its
-    consumers (the next node, a re-normalisation that recomputes its
-    input from the tape, the next block's convs that recompute the
-    layer's output: :meth:`consumes`) have taken it. Each step is
+    dropped when its consumers (the next node, a re-normalisation that
+    recomputes its input from the tape, the next block's convs that
+    recompute the layer's output: :meth:`consumes`) have taken it. Each
+    step is
     recomputed as its node's forward computed it (the ``advance`` it
     recorded); the compiled kernels' update writes a state that the tape
     does not cache over the one before, so a recomputation allocates only
@@ -194,11 +194,15 @@ class StateTape:
     def record(self,
                step: int,
                node,
+               keep_prev: bool,
                advance: Optional[StateAdvance] = None) -> None:
         """Step ``step`` (from 1) is the update of ``node``, a
         :class:`RecomputedUpdate` context (or the compiled kernels'), whose
         forward computed its state as ``advance`` does (default:
-        :func:`torch_advance`)."""
+        :func:`torch_advance`); unless it keeps its incoming state
+        (``keep_prev``), its backward takes that state from the tape."""
+        if not keep_prev:
+            self.consumes(step - 1)
         self.nodes[step] = weakref.ref(node)
         self.advances[step] = torch_advance if advance is None else advance
 
@@ -256,11 +260,9 @@ class RecomputedUpdate(torch.autograd.Function):
                 nn.Parameter) -> Tuple[Tensor, Tensor]:
         ctx.params, ctx.tape, ctx.step = p, tape, step
         ctx.keep_prev = keep_prev
-        if not keep_prev:
-            tape.consumes(step - 1)
         ctx.norm_attributes = where(p.norm_attributes())
         ctx.set_materialize_grads(False)
-        tape.record(step, ctx)
+        tape.record(step, ctx, keep_prev)
         ctx.save_for_backward(x, u_prev if keep_prev else None, w, scale, mask,
                               *params)
         return update_and_branch(p, x, u_prev, w, scale, mask, False)

@@ -521,6 +521,15 @@ struct BranchInputs {
     for (int t = 0; t < 9; ++t) k[t] = s * kc[t];
   }
   T drop_factor(int64_t nc) const { return mask ? mask[sample(nc)] : T(1); }
+  // v = DWConv(u; scale k) of plane nc from its state u, where its branch
+  // counts (finish_plane only copies X^t where it does not).
+  void branch_conv(const T* u, T* v, int64_t nc) const {
+    if (drop_factor(nc) * branch_factor(nc) != T(0)) {
+      T k[9];
+      scaled_kernel(nc, k);
+      conv3x3<T>(u, v, k, g.H, g.W);
+    }
+  }
   T branch_factor(int64_t nc) const {
     return branch_scale ? branch_scale[channel(nc)] : T(1);
   }
@@ -638,11 +647,7 @@ std::vector<Tensor> branch_forward(
         for (int64_t nc = begin; nc < end; ++nc) {
           T* un = unp + nc * HW;
           in.update_state(un, nc);
-          if (in.drop_factor(nc) * in.branch_factor(nc) != T(0)) {
-            T k[9];
-            in.scaled_kernel(nc, k);
-            conv3x3<T>(un, v.data(), k, g.H, g.W);
-          }
+          in.branch_conv(un, v.data(), nc);
           finish_plane(nc, v.data());
         }
       });
@@ -679,11 +684,7 @@ Tensor branch_output(const Tensor& x, const Tensor& u, const Tensor& w,
     at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> v(HW);
       for (int64_t nc = begin; nc < end; ++nc) {
-        if (in.drop_factor(nc) * in.branch_factor(nc) != T(0)) {
-          T k[9];
-          in.scaled_kernel(nc, k);
-          conv3x3<T>(up + nc * HW, v.data(), k, g.H, g.W);
-        }
+        in.branch_conv(up + nc * HW, v.data(), nc);
         const int64_t c = in.channel(nc);
         in.finish_plane(op, nc, v.data(), meanp[c], varp[c], eps, false);
       }

@@ -12,7 +12,7 @@ import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 
-from kcla_mm.analysis.benchmark import can_measure_peak_rss
+from kcla_mm.analysis.benchmark import can_measure_peak_rss, median_memory
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
 from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
@@ -37,7 +37,7 @@ def image(tmp_path):
 BENCHMARK = 'tools/analysis/benchmark_backbone.py'
 # Tiny sizes for the benchmark's tests: ResNet-18 at 64x64.
 TINY = ('--depth', '18', '--size', '64', '--eval-batch', '1', '--train-batch',
-        '2', '--repeats', '1', '--warmup', '0')
+        '2', '--repeats', '1', '--warmup', '0', '--memory-repeats', '1')
 ROWS = ('eval forward', 'train step (fwd+bwd)', 'activation memory',
         'peak memory growth')
 
@@ -84,6 +84,7 @@ def test_benchmark_backbone_parses_lists_and_settings(benchmark_tool):
     defaults = benchmark_tool.parse_args([])
     assert (defaults.depth, defaults.threads, defaults.settings,
             defaults.implementations) == ([50], [1], ['imagenet'], ['auto'])
+    assert defaults.memory_repeats == 3
     # The former single-implementation option still works.
     assert benchmark_tool.parse_args(['--kcla-implementation',
                                       'fused']).implementations == ['fused']
@@ -103,6 +104,7 @@ def test_benchmark_backbone_parses_lists_and_settings(benchmark_tool):
     (['--threads', 'all'], '--threads all: not an integer >= 0'),
     (['--depth', '42'], '--depth: invalid choice: 42'),
     (['--implementations', 'fast'], "invalid choice: 'fast'"),
+    (['--memory-repeats', '0'], '--memory-repeats 0: must be > 0'),
     (['--official', 'no/such/kcla_resnet.py'
       ], '--official no/such/kcla_resnet.py: no such file'),
 ])
@@ -152,8 +154,11 @@ def test_benchmark_backbone_prints_a_table_per_setting_and_thread_count(
 def test_benchmark_backbone_memory_rows(benchmark_tool, capsys):
     """Activation memory and peak growth beside each other, each model in
     a fresh process: the peak includes the saved activations."""
-    benchmark_tool.main([*TINY, '--implementations', 'auto', 'fused'])
-    table = benchmark_tables(capsys.readouterr().out)[('imagenet', 1)]
+    benchmark_tool.main(
+        [*TINY, '--implementations', 'auto', 'fused', '--memory-repeats', '2'])
+    out = capsys.readouterr().out
+    assert 'median of 2 fresh process(es) per model' in out
+    table = benchmark_tables(out)[('imagenet', 1)]
     assert set(table) == {'columns', *ROWS}
     activation, peak = (float(table[row][0].split()[0]) for row in ROWS[2:])
     assert 0 < activation < peak
@@ -161,6 +166,25 @@ def test_benchmark_backbone_memory_rows(benchmark_tool, capsys):
         assert all(r > 0 for r in table[row][1]), table
     # 'fused' keeps more for backward than the compiled kernels or ResNet.
     assert table['activation memory'][1][1] > 1
+
+
+def test_memory_medians_over_fresh_processes():
+    samples = [
+        dict(activation=100, peak_growth=300),
+        dict(activation=100, peak_growth=900),
+        dict(activation=100, peak_growth=350),
+    ]
+    assert median_memory(samples) == dict(activation=100, peak_growth=350)
+    # An even count takes a value that was measured, not a mean.
+    assert median_memory(samples[:2])['peak_growth'] == 300
+    # A platform without the peak (None) gives None, not a partial median.
+    assert median_memory([
+        dict(activation=1, peak_growth=None),
+        dict(activation=1, peak_growth=5)
+    ]) == dict(
+        activation=1, peak_growth=None)
+    with pytest.raises(ValueError, match='at least one'):
+        median_memory([])
 
 
 PEAK_PROBE = """

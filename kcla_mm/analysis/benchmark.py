@@ -13,6 +13,7 @@ import gc
 import importlib.util
 import json
 import os.path as osp
+import statistics
 import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -340,6 +341,24 @@ def train_step_memory_in_subprocess(
                            f'{result.stderr[-3000:]}')
     # The official constructors print; the result is the last line.
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def median_memory(
+        samples: Sequence[Dict[str,
+                               Optional[int]]]) -> Dict[str, Optional[int]]:
+    """Per key, the median of one model's :func:`measure_one` results from
+    several fresh processes (the lower middle one of an even count, so a
+    byte count stays one that was measured); None where any is None. The
+    activation bytes are the same in every process; the peak growth, an
+    RSS high-water mark, moves by some percent between processes."""
+    if not samples:
+        raise ValueError('median_memory needs at least one measurement')
+    return {
+        key: (None if any(s[key] is None
+                          for s in samples) else statistics.median_low(
+                              s[key] for s in samples))
+        for key in samples[0]
+    }
 
 
 if __name__ == '__main__':

@@ -20,7 +20,10 @@ Memory rows (with the train mode): the activation memory of a train step
 (the bytes autograd saves for backward, weights excluded) and the peak
 memory growth of the step (the resident set's high-water mark above its
 level before the step, with the weights' gradients and temporaries), each
-model measured in a fresh process (see :mod:`kcla_mm.analysis.benchmark`).
+model measured in a fresh process (see :mod:`kcla_mm.analysis.benchmark`),
+``--memory-repeats`` times (3 by default), the models alternating: the
+rows show the medians, since one process's peak growth moves by some
+percent.
 
 ``--keep-freed-memory`` re-runs the script with glibc's malloc told to keep
 freed blocks instead of returning them to the OS (mmap threshold at its
@@ -41,7 +44,7 @@ import sys
 import torch
 from mmengine.logging import MMLogger
 
-from kcla_mm.analysis.benchmark import (SETTINGS, build_models,
+from kcla_mm.analysis.benchmark import (SETTINGS, build_models, median_memory,
                                         official_has_setting, time_modes,
                                         train_step_memory_in_subprocess)
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
@@ -150,6 +153,13 @@ def parse_args(argv=None):
         '--no-memory',
         action='store_true',
         help='leave out the memory rows (each model in a fresh process)')
+    parser.add_argument(
+        '--memory-repeats',
+        type=positive_int('--memory-repeats'),
+        default=3,
+        help='fresh processes per model for the memory rows, the models '
+        'alternating; the rows show the medians (one process\'s peak '
+        'growth moves by some percent)')
     parser.add_argument(
         '--keep-freed-memory',
         action='store_true',
@@ -265,13 +275,20 @@ def run_section(args, depth, setting, threads, memory_format):
         }
         rows.append((label, base * 1e3, 'ms', ratios))
     if 'train' in args.modes and not args.no_memory:
-        memory = {}
-        for name in ['resnet'] + columns:
-            if name == 'official' and not official_trains:
-                continue
-            memory[name] = train_step_memory_in_subprocess(
-                name, depth, setting, train_shape, threads, args.device,
-                args.channels_last, args.official)
+        names = [
+            n for n in ['resnet'] + columns
+            if n != 'official' or official_trains
+        ]
+        samples = {name: [] for name in names}
+        for _ in range(args.memory_repeats):
+            for name in names:
+                samples[name].append(
+                    train_step_memory_in_subprocess(name, depth, setting,
+                                                    train_shape, threads,
+                                                    args.device,
+                                                    args.channels_last,
+                                                    args.official))
+        memory = {name: median_memory(samples[name]) for name in names}
         for key, label in (('activation', 'activation memory'),
                            ('peak_growth', 'peak memory growth')):
             base = memory['resnet'][key]
@@ -307,7 +324,8 @@ def main(argv=None):
           f', medians of {args.repeats} after {args.warmup} warm-up; '
           'ResNet: ms per eval forward / train step, MiB of activation '
           'memory (saved for backward, weights excluded) / peak RSS growth '
-          'of a train step (fresh process); other columns: ratio to ResNet')
+          f'of a train step (median of {args.memory_repeats} fresh '
+          'process(es) per model); other columns: ratio to ResNet')
     for depth in args.depth:
         for setting in args.settings:
             for threads in args.threads:

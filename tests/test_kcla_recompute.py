@@ -5,6 +5,8 @@ statistics, and the activation memory they were made for. The layer-level
 parity is in test_kcla_fused.py, the kernels' own in test_kcla_compiled.py.
 """
 
+import weakref
+
 import pytest
 import torch
 import torch.nn as nn
@@ -13,7 +15,7 @@ from mmdet.models.backbones import ResNet
 from kcla_mm.analysis.complexity import saved_activation_bytes
 from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers.kcla.compiled import extension
-from kcla_mm.models.layers.kcla.recompute import StateTape
+from kcla_mm.models.layers.kcla.recompute import RecomputedRenorm, StateTape
 from helpers import assert_close_to_max, pair, train_step
 
 FORMATS = {
@@ -269,6 +271,49 @@ def test_a_mid_stage_renormalisation_leaves_no_checkpoints_behind(
     # The run's start (step 0: what the node or Algorithm 1's replay
     # holds anyway) and nothing else.
     assert len(held) >= 11 and all(h <= {0} for h in held), held
+
+
+@pytest.mark.parametrize('implementation', LEAN)
+def test_the_mid_stage_replay_is_not_held_through_the_next_layers(
+        monkeypatch, implementation):
+    """The start of the 12 layers after ResNet-101's block 11 is Algorithm
+    1 replayed on a full-size state: nothing of that replay is held while
+    those layers' backward runs (block 11's node replays again in its own
+    backward, at their end). The strided re-normalisations, whose replays
+    are a quarter of the size, run theirs once for both."""
+    replays = []
+    renormalise = RecomputedRenorm.renormalise
+
+    def recording(ctx, state):
+        out = renormalise(ctx, state)
+        replays.append((ctx.source is not None, weakref.ref(out.u)))
+        return out
+
+    tapes, alive = [], []
+    init, state = StateTape.__init__, StateTape.state
+
+    def recording_init(tape, start):
+        init(tape, start)
+        tapes.append(tape)
+
+    def checking_state(tape, step, *args, **kwargs):
+        out = state(tape, step, *args, **kwargs)
+        if len(tape.nodes) == 12:
+            alive.append([full for full, ref in replays if ref() is not None])
+        return out
+
+    monkeypatch.setattr(RecomputedRenorm, 'renormalise',
+                        staticmethod(recording))
+    monkeypatch.setattr(StateTape, '__init__', recording_init)
+    monkeypatch.setattr(StateTape, 'state', checking_state)
+    _, model = pair(101, implementation=implementation, norm_eval=False)
+    model.train()
+    x = torch.rand(2, 3, 32, 32, requires_grad=True)
+    sum(o.mean() for o in model(x)).backward()
+    assert len(alive) >= 11 and not any(True in a for a in alive), alive
+    # Two replays of the full-size one, one of each strided one.
+    assert sorted(full for full, _ in replays) == [False] * 3 + [True] * 2
+    assert all(not tape.cache for tape in tapes)
 
 
 @pytest.mark.parametrize('implementation', LEAN)

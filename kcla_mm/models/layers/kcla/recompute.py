@@ -347,29 +347,50 @@ class RecomputedRenorm(torch.autograd.Function):
 
     @staticmethod
     def replay(ctx) -> Tuple[List[Tensor], KCLAState]:
-        """(inputs, outputs) of Algorithm 1 run again with autograd. Run
-        once for both consumers: the tape, whose states start from its
-        output (requested first, by the run's last layer), and this node's
-        backward, which takes the graph and drops it."""
-        if getattr(ctx, 'replayed', None) is None:
-            inputs = [
+        """(inputs, outputs) of Algorithm 1 run again with autograd, for
+        this node's backward, which takes the graph and drops it: the one
+        :meth:`start` kept, else run now. The inputs are taken once for
+        both consumers, the tape's start and the backward."""
+        replayed = getattr(ctx, 'replayed', None)
+        if replayed is not None:
+            ctx.replayed = None
+            return replayed
+        inputs = getattr(ctx, 'replay_inputs', None)
+        if inputs is None:
+            inputs = ctx.replay_inputs = [
                 t.detach().requires_grad_(need) for t, need in zip(
                     RecomputedRenorm.incoming_state(ctx),
                     ctx.needs_input_grad[2:4])
             ]
-            with torch.enable_grad(), phase('renormalise'), bound_tensors(
-                    ctx.renorm_attributes,
-                    saved(ctx)[2:]):
-                outputs = RecomputedRenorm.renormalise(ctx, KCLAState(*inputs))
+        with torch.enable_grad(), phase('renormalise'), bound_tensors(
+                ctx.renorm_attributes,
+                saved(ctx)[2:]):
+            outputs = RecomputedRenorm.renormalise(ctx, KCLAState(*inputs))
+        return inputs, outputs
+
+    @staticmethod
+    def start(ctx) -> Tensor:
+        """The new state, bit for bit the forward's, for the tape of the
+        layers after this node (requested first, by the run's last layer).
+        After a strided adapter its graph is kept for this node's backward
+        (at the end of the run's backward, which so runs Algorithm 1 once).
+        Where the incoming state comes from a tape (the full-size,
+        mid-stage re-normalisation of ResNet-101's block 11) it is not:
+        there the adapted state, its norm's output and the new state, each
+        of the full state's size, would wait through the next 12 layers'
+        backward, at the step's peak of memory; the backward runs
+        Algorithm 1 again from the same inputs."""
+        inputs, outputs = RecomputedRenorm.replay(ctx)
+        if ctx.source is None:
             ctx.replayed = (inputs, outputs)
-        return ctx.replayed
+        return outputs.u.detach()
 
     @staticmethod
     def backward(ctx, grad_u: Optional[Tensor], grad_z: Optional[Tensor]):
         differentiable_once('RecomputedRenorm')
         params = list(saved(ctx)[2:])
         inputs, outputs = RecomputedRenorm.replay(ctx)
-        ctx.replayed = None  # a second backward pass replays again
+        ctx.replay_inputs = None  # a second backward pass takes them again
         with phase('backward'):
             grads = grads_of(outputs, (grad_u, grad_z), inputs + params)
         if ctx.incoming_shape is not None and grads[0] is not None:
@@ -408,7 +429,7 @@ def renormalised_start(node) -> Callable[[], Tensor]:
     node = weakref.ref(node)
 
     def start() -> Tensor:
-        return RecomputedRenorm.replay(node())[1].u.detach()
+        return RecomputedRenorm.start(node())
 
     return start
 

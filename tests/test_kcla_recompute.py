@@ -147,6 +147,28 @@ def test_keeps_one_state_per_stage_not_per_layer(implementation, setting):
     assert saved['fused'] - saved['resnet'] > bound + blocks, saved
 
 
+def watch_tapes(monkeypatch, on_state=None):
+    """Every :class:`StateTape` the model makes, in a list that fills as it
+    does; ``on_state(tape, step)`` is called after each request for a
+    state."""
+    tapes = []
+    init, state = StateTape.__init__, StateTape.state
+
+    def recording_init(tape, start):
+        init(tape, start)
+        tapes.append(tape)
+
+    def watched_state(tape, step, *args, **kwargs):
+        out = state(tape, step, *args, **kwargs)
+        on_state(tape, step)
+        return out
+
+    monkeypatch.setattr(StateTape, '__init__', recording_init)
+    if on_state is not None:
+        monkeypatch.setattr(StateTape, 'state', watched_state)
+    return tapes
+
+
 @pytest.mark.parametrize('setting', ['bn', 'detection'])
 @pytest.mark.parametrize('implementation', LEAN)
 def test_backward_recomputes_one_stage_at_a_time(monkeypatch, implementation,
@@ -157,24 +179,14 @@ def test_backward_recomputes_one_stage_at_a_time(monkeypatch, implementation,
     states, no earlier stage holds recomputed ones (recomputing back to
     the network's first block once held every stage's states at the start
     of backward)."""
-    tapes = []
-    init, state = StateTape.__init__, StateTape.state
-
-    def recording_init(tape, start):
-        init(tape, start)
-        tapes.append(tape)
-
     held_by_others = []
 
-    def checking_state(tape, step, *args, **kwargs):
-        out = state(tape, step, *args, **kwargs)
+    def check(tape, step):
         held_by_others.append(
             sum(t.numel() for other in tapes if other is not tape
                 for t in other.cache.values() if t is not None))
-        return out
 
-    monkeypatch.setattr(StateTape, '__init__', recording_init)
-    monkeypatch.setattr(StateTape, 'state', checking_state)
+    tapes = watch_tapes(monkeypatch, check)
     _, model = pair(50, implementation=implementation, **SETTINGS[setting])
     model.train()
     x = torch.rand(2, 3, 64, 64, requires_grad=True)
@@ -193,12 +205,9 @@ def test_a_long_stage_holds_about_a_third_of_its_states(
     official block 11: its backward holds the start, every third state and
     the one asked for, not all 12 at once, and recomputes about 2 x 12
     updates."""
-    tapes, held, updates = [], {}, {}
-    init, recompute = StateTape.__init__, StateTape.recompute
-
-    def recording_init(tape, start):
-        init(tape, start)
-        tapes.append(tape)
+    held, updates = {}, {}
+    recompute = StateTape.recompute
+    tapes = watch_tapes(monkeypatch)
 
     def counted(advance, tape):
 
@@ -216,7 +225,6 @@ def test_a_long_stage_holds_about_a_third_of_its_states(
         recompute(tape, step, *args, **kwargs)
         held[tape] = max(held.get(tape, 0), len(tape.cache))
 
-    monkeypatch.setattr(StateTape, '__init__', recording_init)
     monkeypatch.setattr(StateTape, 'recompute', counting_recompute)
     _, model = pair(101, implementation=implementation, norm_eval=False)
     model.train()
@@ -241,22 +249,14 @@ def test_a_mid_stage_renormalisation_leaves_no_checkpoints_behind(
     layers' backward: that tape hands over the one state without caching
     checkpoints on the way, which would wait through all 12 layers'
     backward for the first 11 layers' own."""
-    tapes, held = [], []
-    init, state = StateTape.__init__, StateTape.state
+    held = []
 
-    def recording_init(tape, start):
-        init(tape, start)
-        tapes.append(tape)
-
-    def checking_state(tape, step, *args, **kwargs):
-        out = state(tape, step, *args, **kwargs)
+    def check(tape, step):
         if len(tape.nodes) == 12:
             first = [t for t in tapes if len(t.nodes) == 11]
             held.append(set(first[0].cache))
-        return out
 
-    monkeypatch.setattr(StateTape, '__init__', recording_init)
-    monkeypatch.setattr(StateTape, 'state', checking_state)
+    tapes = watch_tapes(monkeypatch, check)
     # Where block 11's convs recompute their input (the default), they take
     # the state after 11 updates too, at the end of those 12 layers: that
     # one state then stays, in place of the output kept otherwise.
@@ -289,23 +289,15 @@ def test_the_mid_stage_replay_is_not_held_through_the_next_layers(
         replays.append((ctx.source is not None, weakref.ref(out.u)))
         return out
 
-    tapes, alive = [], []
-    init, state = StateTape.__init__, StateTape.state
+    alive = []
 
-    def recording_init(tape, start):
-        init(tape, start)
-        tapes.append(tape)
-
-    def checking_state(tape, step, *args, **kwargs):
-        out = state(tape, step, *args, **kwargs)
+    def check(tape, step):
         if len(tape.nodes) == 12:
             alive.append([full for full, ref in replays if ref() is not None])
-        return out
 
     monkeypatch.setattr(RecomputedRenorm, 'renormalise',
                         staticmethod(recording))
-    monkeypatch.setattr(StateTape, '__init__', recording_init)
-    monkeypatch.setattr(StateTape, 'state', checking_state)
+    tapes = watch_tapes(monkeypatch, check)
     _, model = pair(101, implementation=implementation, norm_eval=False)
     model.train()
     x = torch.rand(2, 3, 32, 32, requires_grad=True)

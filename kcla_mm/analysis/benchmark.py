@@ -353,12 +353,12 @@ def median_memory(
     RSS high-water mark, moves by some percent between processes."""
     if not samples:
         raise ValueError('median_memory needs at least one measurement')
-    return {
-        key: (None if any(s[key] is None
-                          for s in samples) else statistics.median_low(
-                              s[key] for s in samples))
-        for key in samples[0]
-    }
+    medians: Dict[str, Optional[int]] = {}
+    for key in samples[0]:
+        values = [sample[key] for sample in samples]
+        medians[key] = (None
+                        if None in values else statistics.median_low(values))
+    return medians
 
 
 if __name__ == '__main__':

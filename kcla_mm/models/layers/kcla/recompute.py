@@ -164,11 +164,10 @@ class StateTape:
     dropped when its consumers (the next node, a re-normalisation that
     recomputes its input from the tape, the next block's convs that
     recompute the layer's output: :meth:`consumes`) have taken it. Each
-    step is
-    recomputed as its node's forward computed it (the ``advance`` it
-    recorded); the compiled kernels' update writes a state that the tape
-    does not cache over the one before, so a recomputation allocates only
-    what it caches.
+    step is recomputed as its node's forward computed it (the ``advance``
+    it recorded); the compiled kernels' update writes a state that the
+    tape does not cache over the one before, so a recomputation allocates
+    only what it caches.
 
     The tape reads ``X^t`` and ``w_t`` from the nodes' saved tensors
     (weak references: no cycle keeps a graph alive), so saved-tensor hooks
@@ -349,15 +348,15 @@ class RecomputedRenorm(torch.autograd.Function):
     def replay(ctx) -> Tuple[List[Tensor], KCLAState]:
         """(inputs, outputs) of Algorithm 1 run again with autograd, for
         this node's backward, which takes the graph and drops it: the one
-        :meth:`start` kept, else run now. The inputs are taken once for
-        both consumers, the tape's start and the backward."""
-        replayed = getattr(ctx, 'replayed', None)
-        if replayed is not None:
-            ctx.replayed = None
-            return replayed
-        inputs = getattr(ctx, 'replay_inputs', None)
+        :meth:`start` kept, else run now, from the inputs :meth:`start`
+        kept (taken once for both consumers, the tape's start and the
+        backward) or taken now."""
+        inputs, outputs = getattr(ctx, 'replayed', None) or (None, None)
+        ctx.replayed = None  # a second backward pass takes them again
+        if outputs is not None:
+            return inputs, outputs
         if inputs is None:
-            inputs = ctx.replay_inputs = [
+            inputs = [
                 t.detach().requires_grad_(need) for t, need in zip(
                     RecomputedRenorm.incoming_state(ctx),
                     ctx.needs_input_grad[2:4])
@@ -381,8 +380,7 @@ class RecomputedRenorm(torch.autograd.Function):
         backward, at the step's peak of memory; the backward runs
         Algorithm 1 again from the same inputs."""
         inputs, outputs = RecomputedRenorm.replay(ctx)
-        if ctx.source is None:
-            ctx.replayed = (inputs, outputs)
+        ctx.replayed = (inputs, outputs if ctx.source is None else None)
         return outputs.u.detach()
 
     @staticmethod
@@ -390,7 +388,6 @@ class RecomputedRenorm(torch.autograd.Function):
         differentiable_once('RecomputedRenorm')
         params = list(saved(ctx)[2:])
         inputs, outputs = RecomputedRenorm.replay(ctx)
-        ctx.replay_inputs = None  # a second backward pass takes them again
         with phase('backward'):
             grads = grads_of(outputs, (grad_u, grad_z), inputs + params)
         if ctx.incoming_shape is not None and grads[0] is not None:

@@ -186,6 +186,73 @@ def test_dist_train_two_cpu_processes(coco_root, tmp_path, repo_root):
     assert log.count('Saving checkpoint at 1 epochs') == 1
 
 
+# Runs a tool's main() with a recorded default group: the group must be
+# freed when main() returns, not left to interpreter exit, where a gloo
+# group's threads can abort a finished run (the two-process tests
+# failed that way now and then, in CI).
+FREES_GROUP = """
+import sys, weakref
+import torch.distributed as dist
+sys.path.insert(0, 'tests')
+from helpers import load_tool
+groups = []
+init_process_group = dist.init_process_group
+def recording_init(*args, **kwargs):
+    init_process_group(*args, **kwargs)
+    groups.append(weakref.ref(dist.group.WORLD))
+dist.init_process_group = recording_init
+load_tool(sys.argv[1]).main(sys.argv[2:])
+assert len(groups) == 1, groups
+print('group alive after main:', groups[0]() is not None)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('strategy', [None, 'fsdp'])
+def test_tools_free_the_process_group(strategy, coco_root, tmp_path,
+                                      repo_root):
+    """tools/train.py (mmengine's Runner, and a FlexibleRunner with FSDP)
+    and tools/test.py as one process of a ``--launcher pytorch`` run."""
+    config = CONFIGS['faster-r50']
+    if strategy is not None:
+        if digit_version(torch.__version__) < digit_version('2.4'):
+            pytest.skip(f'FSDP on the CPU needs torch >= 2.4 (torch '
+                        f'{torch.__version__} asks for a CUDA stream)')
+        config = tmp_path / f'faster-rcnn_kcla_{strategy}.py'
+        config.write_text('_base_ = [%r, %r]\n' %
+                          (osp.join(repo_root, CONFIGS['faster-r50']),
+                           osp.join(repo_root, 'configs', '_base_',
+                                    'strategies', f'flexible-{strategy}.py')))
+    env = dict(
+        os.environ,
+        RANK='0',
+        LOCAL_RANK='0',
+        WORLD_SIZE='1',
+        MASTER_ADDR='127.0.0.1',
+        MASTER_PORT=str(free_port()),
+        OMP_NUM_THREADS='1')
+    options = synthetic_options(coco_root, small_backbone=True)
+    work = tmp_path / 'work'
+    recorded = [sys.executable, '-c', FREES_GROUP]
+    launcher = ['--launcher', 'pytorch', '--work-dir', str(work), *options]
+    log = output_of(
+        *recorded, 'tools/train.py', str(config), *launcher, env=env)
+    assert 'Distributed training: True' in log
+    assert 'Epoch(train) [1][1/1]' in log
+    assert 'group alive after main: False' in log
+    if strategy is not None:
+        return
+    log = output_of(
+        *recorded,
+        'tools/test.py',
+        str(config),
+        str(work / 'epoch_1.pth'),
+        *launcher,
+        env=env)
+    assert 'coco/bbox_mAP' in log
+    assert 'group alive after main: False' in log
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('strategy', ['ddp', 'fsdp'])
 def test_flexible_runner_strategies_two_cpu_processes(strategy, coco_root,

@@ -110,13 +110,19 @@ def test(args) -> None:
         cfg.test_evaluator.append(dict(type=dumper, out_file_path=args.out))
     init_distributed_on_cpu(cfg)
     try:
-        runner = (
-            Runner.from_cfg(cfg)
-            if 'runner_type' not in cfg else RUNNERS.build(cfg))
-        with checked_checkpoint_loading():
-            runner.test()
+        run_test(cfg)
     finally:
         close_distributed()
+
+
+def run_test(cfg: Config) -> None:
+    # The Runner lives in this frame only, so that close_distributed can
+    # free the process group its DDP wrapper holds.
+    runner = (
+        Runner.from_cfg(cfg)
+        if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    with checked_checkpoint_loading():
+        runner.test()
 
 
 if __name__ == '__main__':

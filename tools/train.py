@@ -112,15 +112,21 @@ def main(argv=None):
         sys.exit(f'error: {exc}')
     init_distributed_on_cpu(cfg)
     try:
-        runner = (
-            Runner.from_cfg(cfg)
-            if 'runner_type' not in cfg else RUNNERS.build(cfg))
-        with checked_checkpoint_loading():
-            runner.train()
+        run_train(cfg)
     except CheckpointError as exc:
         sys.exit(f'error: {exc}')
     finally:
         close_distributed()
+
+
+def run_train(cfg: Config) -> None:
+    # The Runner lives in this frame only, so that close_distributed can
+    # free the process group its DDP wrapper holds.
+    runner = (
+        Runner.from_cfg(cfg)
+        if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    with checked_checkpoint_loading():
+        runner.train()
 
 
 if __name__ == '__main__':

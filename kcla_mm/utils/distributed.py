@@ -74,9 +74,19 @@ def init_distributed_on_cpu(cfg: Config) -> None:
 
 
 def close_distributed() -> None:
-    """Destroys the process group, if any, before the interpreter exits:
-    a gloo group left alive can abort the process at exit ("terminate
-    called without an active exception") after a successful run."""
+    """Destroys the process group, if any, and frees it while the
+    interpreter is fully alive.
+
+    A group that outlives the interpreter's teardown can abort a process
+    that has finished its work: gloo's worker threads are destroyed at
+    exit ("terminate called without an active exception"). The model's DDP
+    wrapper holds the group, and mmengine's Runner sits in reference
+    cycles, so they are collected before the group is destroyed; the caller
+    drops its own references to the Runner first.
+    """
+    import gc
+
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

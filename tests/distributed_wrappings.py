@@ -16,6 +16,7 @@ A case is ``WRAPPING:IMPLEMENTATION[:BACKBONE]``; WRAPPING is one of
 :data:`WRAPPINGS`.
 """
 import functools
+import gc
 import json
 import os
 import sys
@@ -220,6 +221,9 @@ def main() -> None:
     if rank == 0:
         with open(out_path, 'w') as f:
             json.dump(results, f, indent=1)
+    # The wrapped models hold the group; freed here rather than at
+    # interpreter exit, where gloo's threads can abort the process.
+    gc.collect()
     dist.destroy_process_group()
 
 

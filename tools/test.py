@@ -16,16 +16,13 @@ import os.path as osp
 import sys
 
 from mmengine.config import Config
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
 
 import kcla_mm  # noqa: F401  registers the KCLA modules
 from kcla_mm.utils.checkpoint_loading import (CheckpointError,
                                               checked_checkpoint_loading,
                                               probe_checkpoint_file)
 from kcla_mm.utils.config import add_cfg_options, load_config
-from kcla_mm.utils.distributed import (close_distributed,
-                                       init_distributed_on_cpu)
+from kcla_mm.utils.distributed import run_runner
 
 
 def parse_args(argv=None):
@@ -108,21 +105,8 @@ def test(args) -> None:
         # uses mmengine's DumpResults (one dict per image).
         dumper = 'DumpResults' if scope == 'mmpretrain' else 'DumpDetResults'
         cfg.test_evaluator.append(dict(type=dumper, out_file_path=args.out))
-    init_distributed_on_cpu(cfg)
-    try:
-        run_test(cfg)
-    finally:
-        close_distributed()
-
-
-def run_test(cfg: Config) -> None:
-    # The Runner lives in this frame only, so that close_distributed can
-    # free the process group its DDP wrapper holds.
-    runner = (
-        Runner.from_cfg(cfg)
-        if 'runner_type' not in cfg else RUNNERS.build(cfg))
     with checked_checkpoint_loading():
-        runner.test()
+        run_runner(cfg, 'test')
 
 
 if __name__ == '__main__':

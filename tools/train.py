@@ -19,8 +19,6 @@ import sys
 
 import torch
 from mmengine.config import Config
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
 
 import kcla_mm  # noqa: F401  registers the KCLA modules
 from kcla_mm.utils.checkpoint_loading import (CheckpointError,
@@ -29,8 +27,7 @@ from kcla_mm.utils.checkpoint_loading import (CheckpointError,
                                               probe_checkpoint_file)
 from kcla_mm.utils.config import (PretrainedFileNotFoundError, add_cfg_options,
                                   check_pretrained_files, load_config)
-from kcla_mm.utils.distributed import (close_distributed,
-                                       init_distributed_on_cpu)
+from kcla_mm.utils.distributed import run_runner
 
 
 def parse_args(argv=None):
@@ -110,23 +107,11 @@ def main(argv=None):
                  f'{exc.key}=None')
     except (FileNotFoundError, ValueError) as exc:
         sys.exit(f'error: {exc}')
-    init_distributed_on_cpu(cfg)
     try:
-        run_train(cfg)
+        with checked_checkpoint_loading():
+            run_runner(cfg, 'train')
     except CheckpointError as exc:
         sys.exit(f'error: {exc}')
-    finally:
-        close_distributed()
-
-
-def run_train(cfg: Config) -> None:
-    # The Runner lives in this frame only, so that close_distributed can
-    # free the process group its DDP wrapper holds.
-    runner = (
-        Runner.from_cfg(cfg)
-        if 'runner_type' not in cfg else RUNNERS.build(cfg))
-    with checked_checkpoint_loading():
-        runner.train()
 
 
 if __name__ == '__main__':

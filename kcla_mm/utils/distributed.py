@@ -81,8 +81,9 @@ def close_distributed() -> None:
     that has finished its work: gloo's worker threads are destroyed at
     exit ("terminate called without an active exception"). The model's DDP
     wrapper holds the group, and mmengine's Runner sits in reference
-    cycles, so they are collected before the group is destroyed; the caller
-    drops its own references to the Runner first.
+    cycles, so they are collected before the group is destroyed; the
+    caller must hold no Runner (:func:`run_runner` builds it in a frame
+    that has returned by then).
     """
     import gc
 
@@ -90,3 +91,30 @@ def close_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
+
+
+def run_runner(cfg: Config, method: str) -> None:
+    """Builds the config's runner (``runner_type``, else mmengine's
+    Runner) and calls its ``method`` (``'train'`` or ``'test'``), between
+    :func:`init_distributed_on_cpu` and :func:`close_distributed`.
+
+    Args:
+        cfg (Config): The config of the run.
+        method (str): The runner's method to call.
+    """
+    init_distributed_on_cpu(cfg)
+    try:
+        _build_and_call(cfg, method)
+    finally:
+        close_distributed()
+
+
+def _build_and_call(cfg: Config, method: str) -> None:
+    # The Runner lives in this frame only: it has returned, and the Runner
+    # with it, when close_distributed frees the group.
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+    runner = (
+        Runner.from_cfg(cfg)
+        if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    getattr(runner, method)()

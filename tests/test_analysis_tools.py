@@ -104,7 +104,9 @@ def test_benchmark_backbone_parses_lists_and_settings(benchmark_tool):
     (['--threads', 'all'], '--threads all: not an integer >= 0'),
     (['--depth', '42'], '--depth: invalid choice: 42'),
     (['--implementations', 'fast'], "invalid choice: 'fast'"),
-    (['--memory-repeats', '0'], '--memory-repeats 0: must be > 0'),
+    (['--memory-repeats', '0'], '--memory-repeats 0: not an integer >= 1'),
+    (['--size', '-5'], '--size -5: not an integer >= 1'),
+    (['--repeats', 'many'], '--repeats many: not an integer >= 1'),
     (['--official', 'no/such/kcla_resnet.py'
       ], '--official no/such/kcla_resnet.py: no such file'),
 ])
@@ -319,6 +321,33 @@ def test_phase_labels_cost_a_flag_check_without_a_profiler():
         with phase('branch'):
             torch.ones(1).add_(1)
     assert [e.name for e in prof.events()].count('kcla::branch') == 1
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--threads', '-1'], '--threads -1: not an integer >= 0'),
+    (['--repeats', '0'], '--repeats 0: not an integer >= 1'),
+    (['--warmup', '-2'], '--warmup -2: not an integer >= 0'),
+    (['--size', 'big'], '--size big: not an integer >= 1'),
+    (['--depth', '42'], '--depth: invalid choice: 42'),
+])
+def test_profile_kcla_rejects_bad_options(capsys, argv, message):
+    tool = load_tool('tools/analysis/profile_kcla.py')
+    with pytest.raises(SystemExit) as error:
+        tool.parse_args(argv)
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_profile_kcla_threads_0_is_torch_default(capsys):
+    """As in benchmark_backbone.py, 0 leaves torch's thread count as it is
+    (torch.set_num_threads refuses 0)."""
+    threads = torch.get_num_threads()
+    load_tool('tools/analysis/profile_kcla.py').main([
+        '--threads', '0', '--depth', '18', '--size', '32', '--repeats', '1',
+        '--warmup', '0', '--modes', 'eval'
+    ])
+    assert f'cpu, {threads} thread(s)' in capsys.readouterr().out
+    assert torch.get_num_threads() == threads
 
 
 @pytest.mark.slow

@@ -48,36 +48,11 @@ from kcla_mm.analysis.benchmark import (SETTINGS, build_models, median_memory,
                                         official_has_setting, time_modes,
                                         train_step_memory_in_subprocess)
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
+from kcla_mm.utils.cli import int_at_least
 
 DEPTHS = (18, 34, 50, 101, 152)
 # torch's default intra-op thread count (all cores), what --threads 0 means.
 DEFAULT_THREADS = torch.get_num_threads()
-
-
-def non_negative_int(option: str):
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise argparse.ArgumentTypeError(
-                f'{option} {text}: not an integer >= 0')
-        return value
-
-    return parse
-
-
-def positive_int(option: str):
-
-    def parse(text: str) -> int:
-        value = non_negative_int(option)(text)
-        if value == 0:
-            raise argparse.ArgumentTypeError(f'{option} {text}: must be > 0')
-        return value
-
-    return parse
 
 
 def parse_args(argv=None):
@@ -93,7 +68,7 @@ def parse_args(argv=None):
         help='ResNet depth(s), one section each')
     parser.add_argument(
         '--threads',
-        type=non_negative_int('--threads'),
+        type=int_at_least('--threads', 0),
         nargs='+',
         default=[1],
         help='torch intra-op thread count(s), one section each; 0 is '
@@ -131,23 +106,23 @@ def parse_args(argv=None):
         "'imagenet' setting")
     parser.add_argument(
         '--eval-batch',
-        type=positive_int('--eval-batch'),
+        type=int_at_least('--eval-batch', 1),
         help="override the setting's eval batch")
     parser.add_argument(
         '--train-batch',
-        type=positive_int('--train-batch'),
+        type=int_at_least('--train-batch', 1),
         help="override the setting's train batch")
     parser.add_argument(
         '--size',
-        type=positive_int('--size'),
+        type=int_at_least('--size', 1),
         help="override the setting's input sizes with SIZE x SIZE")
     parser.add_argument(
         '--repeats',
-        type=positive_int('--repeats'),
+        type=int_at_least('--repeats', 1),
         default=15,
         help='timed iterations per model and mode')
     parser.add_argument(
-        '--warmup', type=non_negative_int('--warmup'), default=3)
+        '--warmup', type=int_at_least('--warmup', 0), default=3)
     parser.add_argument('--device', default='cpu')
     parser.add_argument(
         '--no-memory',
@@ -155,7 +130,7 @@ def parse_args(argv=None):
         help='leave out the memory rows (each model in a fresh process)')
     parser.add_argument(
         '--memory-repeats',
-        type=positive_int('--memory-repeats'),
+        type=int_at_least('--memory-repeats', 1),
         default=3,
         help='fresh processes per model for the memory rows, the models '
         'alternating; the rows show the medians (one process\'s peak '

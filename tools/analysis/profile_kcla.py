@@ -24,17 +24,27 @@ from kcla_mm.analysis.benchmark import build_models
 from kcla_mm.analysis.phase_profile import timed_phases
 from kcla_mm.analysis.timing import eval_step, train_step
 from kcla_mm.models.layers.kcla.compiled import extension
+from kcla_mm.utils.cli import int_at_least
 
 
-def parse_args():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--depth', type=int, default=50)
-    parser.add_argument('--threads', type=int, default=1)
-    parser.add_argument('--eval-batch', type=int, default=1)
-    parser.add_argument('--train-batch', type=int, default=8)
-    parser.add_argument('--size', type=int, default=224)
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--warmup', type=int, default=2)
+    parser.add_argument(
+        '--depth', type=int, default=50, choices=(18, 34, 50, 101, 152))
+    parser.add_argument(
+        '--threads',
+        type=int_at_least('--threads', 0),
+        default=1,
+        help="torch intra-op threads; 0 is torch's default (all cores)")
+    parser.add_argument(
+        '--eval-batch', type=int_at_least('--eval-batch', 1), default=1)
+    parser.add_argument(
+        '--train-batch', type=int_at_least('--train-batch', 1), default=8)
+    parser.add_argument('--size', type=int_at_least('--size', 1), default=224)
+    parser.add_argument(
+        '--repeats', type=int_at_least('--repeats', 1), default=5)
+    parser.add_argument(
+        '--warmup', type=int_at_least('--warmup', 0), default=2)
     parser.add_argument(
         '--kcla-implementation',
         choices=('auto', 'compiled', 'fused'),
@@ -46,7 +56,7 @@ def parse_args():
         nargs='+',
         choices=('eval', 'train'),
         default=['eval', 'train'])
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def profile_mode(models, step, warmup, repeats):
@@ -72,9 +82,10 @@ def profile_mode(models, step, warmup, repeats):
             statistics.median(times['kcla']), phases)
 
 
-def main():
-    args = parse_args()
-    torch.set_num_threads(args.threads)
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     # init_weights logs every parameter
     MMLogger.get_current_instance().setLevel(logging.WARNING)
     implementation = args.kcla_implementation

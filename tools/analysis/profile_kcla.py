@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+from mmdet.models.backbones import ResNet
 from mmengine.logging import MMLogger
 
 from kcla_mm.analysis.benchmark import build_models
@@ -30,7 +31,7 @@ from kcla_mm.utils.cli import int_at_least
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        '--depth', type=int, default=50, choices=(18, 34, 50, 101, 152))
+        '--depth', type=int, default=50, choices=sorted(ResNet.arch_settings))
     parser.add_argument(
         '--threads',
         type=int_at_least('--threads', 0),

@@ -50,6 +50,9 @@ SETTINGS = {
         backbone=dict(norm_eval=True, frozen_stages=1)),
 }
 
+#: The ResNet depths the benchmark tools take (mmdet's).
+DEPTHS = tuple(sorted(ResNet.arch_settings))
+
 #: The backbone arguments of each setting (the memory targets' train
 #: settings).
 TRAIN_SETTINGS = {name: s['backbone'] for name, s in SETTINGS.items()}

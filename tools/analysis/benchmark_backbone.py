@@ -44,13 +44,13 @@ import sys
 import torch
 from mmengine.logging import MMLogger
 
-from kcla_mm.analysis.benchmark import (SETTINGS, build_models, median_memory,
-                                        official_has_setting, time_modes,
+from kcla_mm.analysis.benchmark import (DEPTHS, SETTINGS, build_models,
+                                        median_memory, official_has_setting,
+                                        time_modes,
                                         train_step_memory_in_subprocess)
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
 from kcla_mm.utils.cli import int_at_least
 
-DEPTHS = (18, 34, 50, 101, 152)
 # torch's default intra-op thread count (all cores), what --threads 0 means.
 DEFAULT_THREADS = torch.get_num_threads()
 

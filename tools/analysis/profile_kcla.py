@@ -18,10 +18,9 @@ import statistics
 import time
 
 import torch
-from mmdet.models.backbones import ResNet
 from mmengine.logging import MMLogger
 
-from kcla_mm.analysis.benchmark import build_models
+from kcla_mm.analysis.benchmark import DEPTHS, SETTINGS, build_models
 from kcla_mm.analysis.phase_profile import timed_phases
 from kcla_mm.analysis.timing import eval_step, train_step
 from kcla_mm.models.layers.kcla.compiled import extension
@@ -30,18 +29,26 @@ from kcla_mm.utils.cli import int_at_least
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        '--depth', type=int, default=50, choices=sorted(ResNet.arch_settings))
+    parser.add_argument('--depth', type=int, default=50, choices=DEPTHS)
     parser.add_argument(
         '--threads',
         type=int_at_least('--threads', 0),
         default=1,
         help="torch intra-op threads; 0 is torch's default (all cores)")
+    # benchmark_backbone.py's ImageNet setting, by default.
+    imagenet = SETTINGS['imagenet']
     parser.add_argument(
-        '--eval-batch', type=int_at_least('--eval-batch', 1), default=1)
+        '--eval-batch',
+        type=int_at_least('--eval-batch', 1),
+        default=imagenet['eval_shape'][0])
     parser.add_argument(
-        '--train-batch', type=int_at_least('--train-batch', 1), default=8)
-    parser.add_argument('--size', type=int_at_least('--size', 1), default=224)
+        '--train-batch',
+        type=int_at_least('--train-batch', 1),
+        default=imagenet['train_shape'][0])
+    parser.add_argument(
+        '--size',
+        type=int_at_least('--size', 1),
+        default=imagenet['eval_shape'][-1])
     parser.add_argument(
         '--repeats', type=int_at_least('--repeats', 1), default=5)
     parser.add_argument(

@@ -62,6 +62,10 @@ class CrossLayerResLayerMixin:
         super().__init__(**kwargs)
         self.attention_name = attention_name
         channels = kwargs['planes'] * kwargs['block'].expansion
+        # The first stage's stride (mmdet allows strides[0] > 1) is no
+        # state's stride: its first block receives no state.
+        in_state_stride = (1 if in_state_channels is None else kwargs.get(
+            'stride', 1))
         for j, block in enumerate(self):
             first = j == 0
             block.attention_name = attention_name
@@ -69,7 +73,7 @@ class CrossLayerResLayerMixin:
                 block, attention_name,
                 make_attention(channels, j,
                                in_state_channels if first else channels,
-                               kwargs.get('stride', 1) if first else 1))
+                               in_state_stride if first else 1))
 
     def forward(self, x: Tensor, state) -> Tuple[Tensor, object]:
         for block in self:

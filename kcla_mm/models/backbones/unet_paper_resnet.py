@@ -148,14 +148,6 @@ class UNetPaperLayoutMixin:
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.Identity()
 
-    def make_attention(self, channels: int, block_index: int,
-                       state_channels: Optional[int],
-                       state_stride: int) -> nn.Module:
-        # The first stage has a stride but receives no state.
-        return super().make_attention(
-            channels, block_index, state_channels,
-            1 if state_channels is None else state_stride)
-
     def make_res_layer(self, **kwargs) -> nn.Module:
         # mmdet's ResNet asks for base_channels * 2**i planes after
         # inplanes of the same rule; the layout's own widths replace both.
@@ -284,8 +276,7 @@ class KCLAResNetUNetPaper(UNetPaperLayoutMixin, CrossLayerResNet):
         return KCLAUNetLayer(
             channels,
             state_channels=state_channels,
-            # The first stage has a stride but receives no state.
-            state_stride=1 if state_channels is None else state_stride,
+            state_stride=state_stride,
             # The network's very first block has no state to carry.
             renorm=block_index in self.renorm_blocks
             and state_channels is not None,

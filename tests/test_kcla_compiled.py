@@ -5,6 +5,8 @@ path, branch scale, in place; which calls 'auto' sends to them; and the
 fallback where they are not built. Whole layers and backbones against the
 reference are in test_kcla_fused.py and test_kcla_recompute.py."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -452,3 +454,32 @@ def test_running_statistics_are_updated_once(float64, momentum):
             getattr(ours.norm, name).double(),
             getattr(ref.norm, name).double(), 1e-12)
     assert int(ours.norm.num_batches_tracked) == 3
+
+
+def test_an_earlier_graph_of_the_layer_survives_its_statistics_update():
+    """A layer that ran PyTorch's BN ('fused', as 'auto' does for a
+    channels_last input) and then the kernels in the same train step: the
+    kernels' update of the running statistics leaves the first graph
+    differentiable, as a second PyTorch BN would, and both backward passes
+    give the gradients of two 'fused' calls."""
+    layer = randomise_(KCLALayer(256, drop_path=0.)).double().train()
+    ref = copy.deepcopy(layer)
+    x = torch.rand(3, 256, 9, 7, dtype=torch.float64)
+    state = KCLAState(*(t.double() for t in incoming_state('carry', 3)))
+    grads = []
+    for model, second in ((layer, 'compiled'), (ref, 'fused')):
+        inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+        model.implementation = 'fused'
+        first_out = model(inputs[0], state)[0]
+        model.implementation = second
+        second_out = model(inputs[1], state)[0]
+        assert model.last_implementation == second
+        grads.append(
+            torch.autograd.grad(
+                first_out.square().sum() + second_out.square().sum(),
+                inputs + list(model.parameters())))
+    for a, b in zip(*grads):
+        assert_close_to_max(a, b, 1e-10)
+    for name in ('running_mean', 'running_var'):
+        assert_close_to_max(
+            getattr(layer.norm, name), getattr(ref.norm, name), 1e-12)

@@ -7,10 +7,11 @@ import re
 import pytest
 import torch
 
-from kcla_mm.models.layers import KCLALayer
+from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.kcla import select_implementation
 from kcla_mm.models.layers.kcla.compiled import extension
-from helpers import incoming_state
+from helpers import (assert_close_to_max, gradients, incoming_state,
+                     make_case)
 
 requires_extension = pytest.mark.skipif(
     extension() is None,
@@ -150,3 +151,36 @@ def test_state_unpacks_as_the_pair_and_carries_its_tape():
     assert out.tape is not None and out.tape[1] == 1
     layer.implementation = 'fused'
     assert layer(x, state)[1].tape is None
+
+
+@pytest.mark.parametrize('case', ['carry', 'renorm', 'adapt'])
+@pytest.mark.parametrize('implementation',
+                         ['fused', 'recompute', 'compiled', 'auto'])
+def test_a_state_that_requires_grad_gets_its_gradient(case, implementation):
+    """A frozen layer called on its own with a detached input still passes
+    the gradient back to an incoming state that requires grad, as the
+    reference does; the kernels and the recomputing node run it themselves
+    rather than dropping to a path without autograd (which left the output
+    detached) or to 'fused'."""
+    if implementation in ('compiled', 'auto') and extension() is None:
+        pytest.skip('the compiled kernels are not built or '
+                    'KCLA_MM_NO_EXTENSION is set')
+    layer, x, state = make_case(case, n=2)
+    layer = layer.double().train().requires_grad_(False)
+    x = x.double()
+    inputs = [t.double().requires_grad_() for t in state]
+    layer.implementation = 'reference'
+    refs = layer(x, KCLAState(*inputs))
+    layer.implementation = implementation
+    ours = layer(x, KCLAState(*inputs))
+    assert layer.last_implementation == ('compiled' if implementation == 'auto'
+                                         else implementation)
+    refs, ours = (refs[0], *refs[1]), (ours[0], *ours[1])
+    assert all(t.requires_grad for t in ours)
+    for a, b in zip(ours, refs):
+        assert_close_to_max(a, b, 1e-12)
+    grads = [torch.randn_like(t) for t in refs]
+    for a, b in zip(
+            gradients(ours, inputs, grads), gradients(refs, inputs, grads)):
+        assert b.abs().max() > 0
+        assert_close_to_max(a, b, 1e-10)

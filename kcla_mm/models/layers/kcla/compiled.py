@@ -37,8 +37,8 @@ from ..attention_branch import drop_path_mask
 from ..profiling import phase
 from .fused import folds_renormalise, renormalise_in_forward
 from .params import KCLAParams
-from .recompute import (StateTape, differentiable_once, recomputed_forward,
-                        saved)
+from .recompute import (StateTape, differentiable_once, differentiates,
+                        recomputed_forward, saved)
 from .state import STATE_EPS, KCLAState
 
 
@@ -178,12 +178,16 @@ def update_running_stats(norm: _BatchNorm, mean: Tensor, var: Tensor,
     batch's mean and biased variance over ``count`` values a channel."""
     if not (norm.training and norm.track_running_stats):
         return
+    # Through .data, which leaves the buffers' version counters alone, as
+    # PyTorch's batch_norm does: a graph of an earlier call of the layer
+    # that ran PyTorch's BN ('fused' in the same train step) saved the
+    # buffers, and its backward would otherwise refuse to run.
     with torch.no_grad():
         norm.num_batches_tracked.add_(1)
         factor = (1.0 / float(norm.num_batches_tracked)
                   if norm.momentum is None else norm.momentum)
-        norm.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
-        norm.running_var.mul_(1 - factor).add_(
+        norm.running_mean.data.mul_(1 - factor).add_(mean, alpha=factor)
+        norm.running_var.data.mul_(1 - factor).add_(
             var, alpha=factor * count / max(count - 1, 1))
 
 
@@ -314,9 +318,7 @@ def compiled_forward(p: KCLAParams,
     float64, and ``overwrite_x`` let the output be written over ``x`` (the
     state is still not updated in place): both for a caller that made
     ``x`` itself (:mod:`.block_tail`)."""
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad
-                                              or p.requires_grad)
-    if needs_grad:
+    if differentiates(p, x, state):
         return recomputed_forward(p, x, state, update=compiled_update)
     ext = extension()
     if state is not None and p.renorm:

@@ -41,7 +41,7 @@ def exporting(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
 
 def recomputes(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
     """A train step that :func:`.recompute.replayable` covers."""
-    return replayable(p, x)
+    return replayable(p, x, state)
 
 
 #: (implementations asked for, condition, what runs): the first row that

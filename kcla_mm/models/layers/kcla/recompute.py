@@ -45,22 +45,36 @@ from .params import KCLAParams, bound_tensors
 from .state import STATE_EPS, KCLAState
 
 
-def replayable(p: KCLAParams, x: Tensor) -> bool:
+def differentiates(p: KCLAParams, x: Tensor,
+                   state: Optional[KCLAState]) -> bool:
+    """Whether autograd records the call ``layer(x, state)``: grad mode on
+    and something it reads requires grad, the input, a parameter or the
+    incoming state (a layer called on its own, with a detached input and a
+    state that requires grad, must pass the gradient back to the state)."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad or p.requires_grad or
+        (state is not None and
+         (state.u.requires_grad or state.z.requires_grad)))
+
+
+def replayable(p: KCLAParams, x: Tensor,
+               state: Optional[KCLAState]) -> bool:
     """Whether :func:`recomputed_forward` applies: a train step (something
-    to differentiate), no autocast, not under torch.compile (the tape's
-    side effects would break the graph at every layer; the fused path
-    compiles whole), not while exporting (the autograd Function has no
-    symbolic), no activation checkpoint around the layer (it lets each
-    saved tensor be unpacked once, and the tape unpacks other nodes'
-    tensors; torch 2.1 cannot tell, and the checkpoint then stops with its
-    own error), and a norm that can be replayed locally."""
-    if (not torch.is_grad_enabled() or is_compiling() or is_exporting()
+    to differentiate: :func:`differentiates`), no autocast, not under
+    torch.compile (the tape's side effects would break the graph at every
+    layer; the fused path compiles whole), not while exporting (the
+    autograd Function has no symbolic), no activation checkpoint around
+    the layer (it lets each saved tensor be unpacked once, and the tape
+    unpacks other nodes' tensors; torch 2.1 cannot tell, and the
+    checkpoint then stops with its own error), and a norm that can be
+    replayed locally."""
+    if (is_compiling() or is_exporting()
             or is_autocast_enabled(x.device.type)
             or checkpoint_hooks_active()):
         return False
     if isinstance(p.norm, nn.SyncBatchNorm):
         return False
-    return x.requires_grad or p.requires_grad
+    return differentiates(p, x, state)
 
 
 def replay_norm(norm: nn.Module) -> Callable[[Tensor], Tensor]:
@@ -472,7 +486,7 @@ def recomputed_forward(
     the compiled kernels' node), and Algorithm 1 in a
     :class:`RecomputedRenorm` node; falls back to the fused path where
     :func:`replayable` says no."""
-    if not replayable(p, x):
+    if not replayable(p, x, state):
         return fused_forward(p, x, state)
     # A start that nothing else can recompute (a state from a fused layer,
     # or re-normalised without autograd): the first node keeps it.

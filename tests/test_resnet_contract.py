@@ -257,7 +257,7 @@ BAD_ARGUMENTS = {
                 position='after_conv3')
         ]), AssertionError, None),
     'pretrained_not_str': (dict(depth=50, pretrained=0), TypeError, None),
-    'style': (dict(depth=50, style='tensorflow'), AssertionError, None),
+    'style': (dict(depth=50, style='tensorflow'), AssertionError, 'style'),
 }
 
 

@@ -16,8 +16,6 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from mmcv.cnn import build_conv_layer, build_norm_layer
-from mmdet.models.backbones.resnet import BasicBlock as MMDetBasicBlock
-from mmseg.models.backbones.resnet import BasicBlock as MMSegBasicBlock
 
 from .errors import (BackboneAssertionError, BackboneAttributeError,
                      BackboneIndexError, BackboneKeyError, BackboneTypeError)
@@ -183,10 +181,9 @@ def check_resnet_args(cls_name: str, arch_settings: dict, depth,
 
     block, stage_blocks = arch_settings[depth]
     style = kwargs.get('style', 'pytorch')
-    # A Bottleneck asserts its style itself (bare AssertionError, which
-    # upstream's tests expect as it is); a BasicBlock takes any.
-    if (issubclass(block, (MMDetBasicBlock, MMSegBasicBlock))
-            and style not in RESNET_STYLES):
+    # Upstream, a Bottleneck asserts it with a bare AssertionError (which
+    # this one still is) and a BasicBlock takes any string.
+    if style not in RESNET_STYLES:
         raise BackboneAssertionError(
             f'style={style!r} must be one of {RESNET_STYLES}')
     for flag in RESNET_FLAGS:

@@ -82,4 +82,4 @@ bench: setup
 	$(PY) tools/analysis/benchmark_backbone.py --depth 50 --threads 1
 
 backbone-summary: setup
-	$(PY) tools/analysis/backbone_summary.py configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py --cfg-options model.backbone.init_cfg=None
+	$(PY) tools/analysis/backbone_summary.py configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py

@@ -541,3 +541,19 @@ def test_flop_count_includes_the_attention_ops():
     sizes = [512, 512, 256, 256, 128, 128, 64, 64]
     weighted_sum = sum((t - 1) * s for t, s in enumerate(sizes, 1))
     assert count_flops(model, x) - plain_total >= weighted_sum
+
+
+@pytest.mark.parametrize('config, backbone', [
+    # mmseg's default_scope: KCLAResNetV1c is in mmseg's registry only.
+    ('configs/kcla/deeplabv3plus_kcla-r50-d8_kvasir-seg-256x256.py',
+     'KCLAResNetV1c-50'),
+    # Its init_cfg names a Pretrained file that is not on the machine.
+    ('configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py', 'KCLAResNet-50'),
+])
+def test_backbone_summary_builds_as_the_config_does(config, backbone):
+    """backbone_summary.py builds from the config's own scope and does
+    not load its init_cfg: both configs run as they are."""
+    log = output_of(sys.executable, 'tools/analysis/backbone_summary.py',
+                    config, '--shape', '1', '3', '64', '64')
+    assert f'{backbone} from {config}' in log
+    assert 'stage 4: (1, 2048,' in log

@@ -1,12 +1,14 @@
 """Build a backbone from a config and print its output shapes and size.
 
     python tools/analysis/backbone_summary.py \
-        configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py \
-        --cfg-options model.backbone.init_cfg=None
+        configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py
 
 The config's ``model.backbone`` dict (or top-level ``backbone``) is built
-through the mmdet (or, with ``--scope mmseg``, mmseg) registry, exactly as
-a detector config would build it.
+through mmseg's registry for a config whose ``default_scope`` is mmseg,
+else mmdet's (``--scope`` overrides it), exactly as the config would build it, and
+initialised by its own init: the config's ``init_cfg`` (a ``Pretrained``
+file that may not be on this machine) is not loaded, since shapes and
+sizes do not depend on it.
 """
 import argparse
 import logging
@@ -27,7 +29,11 @@ def parse_args():
         nargs=4,
         default=[1, 3, 224, 224],
         metavar=('N', 'C', 'H', 'W'))
-    parser.add_argument('--scope', default='mmdet', choices=['mmdet', 'mmseg'])
+    parser.add_argument(
+        '--scope',
+        choices=['mmdet', 'mmseg'],
+        help="the registry to build from; default: mmseg's where the "
+        "config's default_scope is mmseg, else mmdet's")
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     return parser.parse_args()
 
@@ -41,7 +47,11 @@ def main():
         backbone_cfg = backbone_config(cfg)
     except ValueError as exc:
         raise SystemExit(str(exc))
-    model = build_backbone(backbone_cfg, args.scope)
+    backbone_cfg = dict(backbone_cfg, init_cfg=None)
+    # mmpretrain's classification configs build the same class from mmdet.
+    scope = args.scope or ('mmseg' if cfg.get('default_scope') == 'mmseg'
+                           else 'mmdet')
+    model = build_backbone(backbone_cfg, scope)
     # init_weights() logs one INFO record per parameter.
     logger = MMLogger.get_current_instance()
     logger.setLevel(logging.WARNING)

@@ -36,9 +36,10 @@ def parse_args(argv=None):
         '(detection and classification configs)')
     parser.add_argument(
         '--show-dir',
-        help='save images with predictions drawn to this directory '
-        '(a relative DIR: under the work dir\'s timestamped folder for '
-        'detectors and segmentors, under the work dir for classifiers)')
+        help='save every test image with its predictions drawn to this '
+        'directory (a relative DIR: under the work dir\'s timestamped '
+        'folder for detectors, under the work dir for segmentors, in '
+        'DIR/vis_data/vis_image, and classifiers)')
     add_cfg_options(parser)
     parser.add_argument(
         '--launcher',
@@ -68,7 +69,11 @@ def enable_visualization(cfg: Config, show_dir: str) -> None:
         return
     hooks.visualization.draw = True
     if scope == 'mmseg':
-        cfg.visualizer.save_dir = show_dir
+        # mmseg's hook draws every interval-th test batch (50 by default:
+        # a small test set got nothing) into the visualizer's save_dir,
+        # which is relative to the current directory unless joined here.
+        hooks.visualization.interval = 1
+        cfg.visualizer.save_dir = osp.join(cfg.work_dir, show_dir)
     else:
         hooks.visualization.test_out_dir = show_dir
 

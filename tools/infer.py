@@ -9,8 +9,10 @@ model name of kcla_mm's model index (``mim search kcla_mm``); a name without
 ``default_scope`` picks mmdet's ``DetInferencer`` or mmseg's
 ``MMSegInferencer`` (see ``kcla_mm.apis``). Results go where those
 inferencers put them: ``DIR/vis/`` (images with the predictions drawn) and
-``DIR/preds/`` (detection, one json per image) or ``DIR/pred/``
-(segmentation, one mask png per image).
+``DIR/preds/`` (detection, one json per image, named after it) or
+``DIR/pred/`` (segmentation, one mask png per image: ``NAME_pred.png`` for
+an image ``NAME.jpg``; mmseg's inferencer numbers them in the order it
+read the folder, which this tool renames; a folder is read in name order).
 
 CHECKPOINT may be a published checkpoint
 (tools/model_converters/publish_model.py) or a training checkpoint of
@@ -22,6 +24,7 @@ import argparse
 import os
 import os.path as osp
 import sys
+from typing import List
 
 from mmengine.config import DictAction
 
@@ -62,6 +65,32 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def image_files(inputs: str) -> List[str]:
+    """An image, or the files of a folder in name order (mmengine lists a
+    folder in the file system's order)."""
+    if not osp.isdir(inputs):
+        return [inputs]
+    return sorted(
+        osp.join(inputs, name) for name in os.listdir(inputs)
+        if osp.isfile(osp.join(inputs, name)))
+
+
+def name_masks_after_images(pred_dir: str, images: List[str]) -> None:
+    """mmseg's ``{i:08d}_pred.png`` (the i-th image of one call) renamed
+    ``NAME_pred.png`` after its image, as mmdet names its json files."""
+    # In two steps: an image named 00000001.jpg must not overwrite the
+    # second image's mask before it is renamed.
+    moved = []
+    for i, image in enumerate(images):
+        numbered = osp.join(pred_dir, f'{i:08d}_pred.png')
+        if osp.isfile(numbered):
+            os.replace(numbered, numbered + '.renaming')
+            moved.append((numbered + '.renaming', image))
+    for source, image in moved:
+        stem = osp.splitext(osp.basename(image))[0]
+        os.replace(source, osp.join(pred_dir, f'{stem}_pred.png'))
+
+
 def main(argv=None):
     args = parse_args(argv)
     if not osp.exists(args.inputs):
@@ -90,10 +119,10 @@ def main(argv=None):
         summary = (f'{kept} objects with score >= {args.pred_score_thr} in '
                    f"{len(results['predictions'])} image(s)")
     else:
-        results = inferencer(args.inputs, out_dir=args.out_dir)
-        predictions = results['predictions']
-        count = len(predictions) if isinstance(predictions, list) else 1
-        summary = f'{count} segmentation mask(s)'
+        images = image_files(args.inputs)
+        results = inferencer(images, out_dir=args.out_dir)
+        name_masks_after_images(osp.join(args.out_dir, 'pred'), images)
+        summary = f'{len(images)} segmentation mask(s)'
     vis_dir = osp.join(args.out_dir, 'vis')
     written = sorted(os.listdir(vis_dir)) if osp.isdir(vis_dir) else []
     print(f'{summary}; drawn to {vis_dir} ({len(written)} file(s))')

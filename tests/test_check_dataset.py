@@ -349,3 +349,61 @@ def test_write_splits_refuses_an_empty_split_before_writing(tmp_path):
     with pytest.raises(PreparationError, match='the val split would be empty'):
         write_splits(dict(train=[sample], val=[]), str(tmp_path / 'out'))
     assert not osp.exists(tmp_path / 'out')
+
+
+def tiny_pairs(folder, names, size=(8, 8)):
+    from kcla_mm.datasets.preparation import Sample
+    os.makedirs(folder, exist_ok=True)
+    samples = []
+    for name in names:
+        image = osp.join(folder, name + '.jpg')
+        mask = osp.join(folder, name + '.png')
+        cv2.imwrite(image, np.full((*size, 3), 90, np.uint8))
+        cv2.imwrite(mask, np.full(size, 255, np.uint8))
+        samples.append(Sample(name, image, mask))
+    return samples
+
+
+def test_write_splits_checks_every_pair_before_writing(tmp_path):
+    from kcla_mm.datasets.preparation import PreparationError, write_splits
+    train = tiny_pairs(str(tmp_path / 'raw'), ['a', 'b'])
+    test = tiny_pairs(str(tmp_path / 'raw'), ['c', 'd'])
+    with open(test[-1].image, 'wb') as f:
+        f.write(b'not a jpeg')
+    with pytest.raises(
+            PreparationError,
+            match=re.escape(f'{test[-1].image}: unreadable image')):
+        write_splits(dict(train=train, test=test), str(tmp_path / 'out'))
+    assert not osp.exists(tmp_path / 'out')
+
+    cv2.imwrite(test[-1].image, np.zeros((8, 8, 3), np.uint8))
+    cv2.imwrite(test[-1].mask, np.zeros((8, 9), np.uint8))
+    with pytest.raises(
+            PreparationError, match=re.escape(f'{test[-1].mask}: mask size')):
+        write_splits(dict(train=train, test=test), str(tmp_path / 'out'))
+    assert not osp.exists(tmp_path / 'out')
+
+
+def test_write_splits_refuses_an_output_folder_with_files(tmp_path):
+    from kcla_mm.datasets.preparation import PreparationError, write_splits
+    samples = tiny_pairs(str(tmp_path / 'raw'), ['a', 'b', 'c'])
+    out = tmp_path / 'out'
+    os.makedirs(out / 'img_dir' / 'train')  # empty folders are fine
+    counts = write_splits(dict(train=samples[:2], val=samples[2:]), str(out))
+    assert counts == dict(train=2, val=1)
+    before = sorted(glob.glob(str(out / '**' / '*'), recursive=True))
+    with pytest.raises(
+            PreparationError,
+            match=re.escape(f'{out}/img_dir already holds files (e.g. '
+                            f'{out}/img_dir/train/a.jpg): choose an empty or '
+                            f'new output folder, or delete {out}/img_dir and '
+                            f'{out}/ann_dir first (nothing was written)')):
+        write_splits(dict(train=samples[2:], val=samples[:2]), str(out))
+    assert sorted(glob.glob(str(out / '**' / '*'), recursive=True)) == before
+
+    shutil.rmtree(out / 'img_dir')  # masks left over are refused too
+    with pytest.raises(PreparationError, match='ann_dir already holds'):
+        write_splits(dict(train=samples), str(out))
+    (tmp_path / 'file').write_text('')
+    with pytest.raises(PreparationError, match='is a file, not a folder'):
+        write_splits(dict(train=samples), str(tmp_path / 'file'))

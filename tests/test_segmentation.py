@@ -271,6 +271,69 @@ def test_unmatched_or_unreadable_files_stop_with_their_name(layout, tmp_path):
     assert images[-1] in result.stderr and 'unreadable' in result.stderr
 
 
+def snapshot(root):
+    """relative path -> content of every file under ``root``."""
+    return {
+        osp.relpath(p, root): open(p, 'rb').read()
+        for p in glob.glob(osp.join(root, '**', '*'), recursive=True)
+        if osp.isfile(p)
+    }
+
+
+@pytest.mark.slow
+def test_a_second_run_into_a_converted_folder_is_refused(tmp_path):
+    """A re-run with another seed used to add its files to the first
+    run's (an image in two splits); now it is refused, leaving the
+    folder as it was."""
+    raw, out = tmp_path / 'raw', tmp_path / 'out'
+    make_archive('isic2018', raw, 20, '--train-only')
+    prepare('isic2018', raw, out)
+    (out / 'README.txt').write_text('mine')  # other files are no matter
+    before = snapshot(out)
+    assert split_counts(out) == dict(test=4, train=14, val=2)
+    result = prepare('isic2018', raw, out, '--seed', '1', check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f'error: {out}/img_dir already holds '
+                                    'files')
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert 'choose an empty or new output folder' in result.stderr
+    assert 'nothing was written' in result.stderr
+    assert snapshot(out) == before
+
+    # empty split folders (or other files beside them) are no obstacle
+    fresh = tmp_path / 'fresh'
+    for sub in ('img_dir/train', 'ann_dir/val'):
+        os.makedirs(fresh / sub)
+    (fresh / 'notes.txt').write_text('mine')
+    prepare('isic2018', raw, fresh, '--seed', '1')
+    assert split_counts(fresh) == dict(test=4, train=14, val=2)
+    assert (fresh / 'notes.txt').read_text() == 'mine'
+
+
+@pytest.mark.parametrize('problem', ['corrupt', 'size'])
+@pytest.mark.slow
+def test_a_bad_pair_in_the_last_split_writes_nothing(problem, tmp_path):
+    """Every pair is checked before the first write: a bad one in the
+    split written last leaves no output."""
+    raw, out = tmp_path / 'raw', tmp_path / 'out'
+    make_archive('isic2017', raw, 8)
+    image = sorted(glob.glob(str(raw / 'ISIC-2017_Test_v2_Data/*.jpg')))[-1]
+    mask = osp.join(raw, 'ISIC-2017_Test_v2_Part1_GroundTruth',
+                    osp.basename(image)[:-4] + '_segmentation.png')
+    if problem == 'corrupt':
+        with open(image, 'wb') as f:
+            f.write(b'not a jpeg')
+        message = f'{image}: unreadable image'
+    else:
+        height, width = cv2.imread(mask, cv2.IMREAD_GRAYSCALE).shape
+        cv2.imwrite(mask, np.zeros((height + 1, width), np.uint8))
+        message = f'{mask}: mask size'
+    result = prepare('isic2017', raw, out, check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f'error: {message}')
+    assert not out.exists()
+
+
 def seg_options(data_root, *extra, size=64):
     opts = [
         f'data_root={data_root}', 'default_hooks.logger.interval=1',

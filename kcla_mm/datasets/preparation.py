@@ -4,7 +4,9 @@ mmseg layout (img_dir/{split}, ann_dir/{split}, masks 0/1 png).
 
 Every image must have exactly one mask and every mask one image; an
 unmatched or unreadable file stops the conversion with an error naming it,
-so that nothing is dropped silently.
+so that nothing is dropped silently. Every pair is checked, and an output
+folder that already holds converted files refused, before the first file
+is written.
 """
 import os
 import os.path as osp
@@ -133,15 +135,11 @@ def read_binary_mask(path: str, threshold: int = 128) -> np.ndarray:
     return (mask >= threshold).astype(np.uint8)
 
 
-def write_sample(sample: Sample,
-                 out: str,
-                 split: str,
-                 size: Optional[Tuple[int, int]] = None,
-                 threshold: int = 128) -> None:
-    img_dir = osp.join(out, 'img_dir', split)
-    ann_dir = osp.join(out, 'ann_dir', split)
-    os.makedirs(img_dir, exist_ok=True)
-    os.makedirs(ann_dir, exist_ok=True)
+def read_sample(sample: Sample,
+                threshold: int = 128) -> Tuple[np.ndarray, np.ndarray]:
+    """Reads and checks a pair: the image (BGR) and its 0/1 mask, which
+    must be readable and of the same size; raises
+    :class:`PreparationError` naming the file otherwise."""
     image = cv2.imread(sample.image, cv2.IMREAD_COLOR)
     if image is None:
         raise PreparationError(f'{sample.image}: unreadable image')
@@ -150,16 +148,79 @@ def write_sample(sample: Sample,
         raise PreparationError(
             f'{sample.mask}: mask size {mask.shape[::-1]} differs from the '
             f'image {sample.image} ({image.shape[1::-1]})')
+    return image, mask
+
+
+def check_samples(splits: Dict[str, List[Sample]],
+                  threshold: int = 128) -> None:
+    """Reads every pair of every split (see :func:`read_sample`) without
+    keeping it, so that a bad file stops the conversion before anything
+    is written."""
+    for samples in splits.values():
+        for sample in samples:
+            read_sample(sample, threshold)
+
+
+OUTPUT_DIRS = ('img_dir', 'ann_dir')
+
+
+def refuse_nonempty_output(out: str) -> None:
+    """Raises :class:`PreparationError` when ``out`` is not a folder, or
+    when its ``img_dir`` or ``ann_dir`` already hold a file.
+
+    Files of an earlier conversion would be mixed with the new ones (a
+    run with another seed leaves an image in two splits), and deleting
+    them is the user's call, not the converter's.
+    """
+    if osp.exists(out) and not osp.isdir(out):
+        raise PreparationError(
+            f'{out}: the output path is a file, not a folder; choose an '
+            'empty or new output folder (nothing was written)')
+    for name in OUTPUT_DIRS:
+        folder = osp.join(out, name)
+        if osp.exists(folder) and not osp.isdir(folder):
+            raise PreparationError(
+                f'{folder} is a file, not a folder; choose an empty or new '
+                'output folder (nothing was written)')
+        for root, _, files in os.walk(folder):
+            if files:
+                raise PreparationError(
+                    f'{folder} already holds files (e.g. '
+                    f'{osp.join(root, sorted(files)[0])}): choose an empty '
+                    f'or new output folder, or delete '
+                    f'{osp.join(out, OUTPUT_DIRS[0])} and '
+                    f'{osp.join(out, OUTPUT_DIRS[1])} first (nothing was '
+                    'written)')
+
+
+def _imwrite(path: str, array: np.ndarray, params=()) -> None:
+    if not cv2.imwrite(path, array, list(params)):
+        raise PreparationError(f'{path}: could not write the file')
+
+
+def write_sample(sample: Sample,
+                 out: str,
+                 split: str,
+                 size: Optional[Tuple[int, int]] = None,
+                 threshold: int = 128) -> None:
+    """Writes one pair to ``out``/{img_dir,ann_dir}/``split``; checks it
+    first (:func:`read_sample`). :func:`write_splits` checks every pair
+    and the output folder before the first write."""
+    image, mask = read_sample(sample, threshold)
+    img_dir = osp.join(out, 'img_dir', split)
+    ann_dir = osp.join(out, 'ann_dir', split)
+    os.makedirs(img_dir, exist_ok=True)
+    os.makedirs(ann_dir, exist_ok=True)
     image_out = osp.join(img_dir, sample.name + '.jpg')
     if size is None and sample.image.lower().endswith(('.jpg', '.jpeg')):
         shutil.copyfile(sample.image, image_out)  # no re-encoding
     else:
         if size is not None:
             image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
-        cv2.imwrite(image_out, image, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        _imwrite(image_out, image, [cv2.IMWRITE_JPEG_QUALITY, 95])
     if size is not None:
         mask = cv2.resize(mask, size, interpolation=cv2.INTER_NEAREST)
-    cv2.imwrite(osp.join(ann_dir, sample.name + '.png'), mask)
+    _imwrite(osp.join(ann_dir, sample.name + '.png'), mask)
 
 
 def refuse_empty_splits(splits: Dict[str, Union[int, Sized]],
@@ -188,9 +249,15 @@ def write_splits(splits: Dict[str, List[Sample]],
                  out: str,
                  size: Optional[Tuple[int, int]] = None,
                  threshold: int = 128) -> Dict[str, int]:
-    """Writes every split; refuses (before writing anything) when one of
-    them is empty."""
+    """Writes every split to ``out``. Before writing anything, refuses an
+    empty split (:func:`refuse_empty_splits`), an output folder whose
+    ``img_dir``/``ann_dir`` already hold files
+    (:func:`refuse_nonempty_output`) and any unreadable or mismatched pair
+    (:func:`check_samples`: each pair is read once to check it and once
+    more to write it, so that memory stays at one pair)."""
     refuse_empty_splits(splits)
+    refuse_nonempty_output(out)
+    check_samples(splits, threshold)
     for split, samples in splits.items():
         for sample in samples:
             write_sample(sample, out, split, size, threshold)

@@ -17,8 +17,10 @@ OUT gets img_dir/{train,val,test}/<id>.jpg and ann_dir/{train,val,test}/
 <id>.png with values 0 (background) and 1 (lesion). An image without a
 mask, a mask without an image, or an unreadable file stops the tool with an
 error naming it; so does a split that would be empty (a ratio of 0, or
-one that rounds to no sample), before anything is written. Images keep
-their size unless --size W H is given.
+one that rounds to no sample), before anything is written: every pair is
+read and checked first. OUT must be new or have empty img_dir/ and ann_dir/
+(a second run into it is refused rather than mixed with the first's files).
+Images keep their size unless --size W H is given.
 """
 import argparse
 import os.path as osp

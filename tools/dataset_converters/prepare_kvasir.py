@@ -20,7 +20,9 @@ OUT gets img_dir/{split}/<id>.jpg and ann_dir/{split}/<id>.png with values
 list that is not in the archive (or an archive image in no split list), or
 an unreadable file stops the tool with an error naming it; so does a split
 that would be empty (--train or --val below 1, an empty split file), before
-anything is written.
+anything is written: every pair is read and checked first. OUT must be new
+or have empty img_dir/ and ann_dir/ (a second run into it is refused rather
+than mixed with the first's files).
 """
 import argparse
 import os.path as osp

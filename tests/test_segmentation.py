@@ -367,7 +367,11 @@ def test_unet_config_trains_and_tests(dataset, encoder, prepared, tmp_path):
     assert f"type='{backbone}'" in dumped and "type='UNetHead'" in dumped
     log = output_of(sys.executable, 'tools/test.py', config,
                     str(tmp_path / 'iter_2.pth'), '--work-dir', str(tmp_path),
-                    *seg_options(data))
+                    '--show-dir', 'vis', *seg_options(data))
+    # --show-dir draws every test image, under the work dir.
+    tested = int(re.findall(r'Iter\(test\) \[\d+/(\d+)\]', log)[-1])
+    drawn = glob.glob(str(tmp_path / 'vis' / 'vis_data' / 'vis_image' / '*'))
+    assert len(drawn) == tested > 0
     found = {
         k: float(v)
         for k, v in re.findall(r'(mIoU|mDice|IoU\.\w+|Dice\.\w+): (-?[\d.]+)',
@@ -375,6 +379,43 @@ def test_unet_config_trains_and_tests(dataset, encoder, prepared, tmp_path):
     }
     fg = 'polyp' if dataset == 'kvasir-seg' else 'lesion'
     assert {'mIoU', 'mDice', f'IoU.{fg}', f'Dice.{fg}'} <= set(found)
+
+
+@pytest.mark.slow
+def test_infer_names_each_mask_after_its_image(prepared, tmp_path):
+    """tools/infer.py on a folder writes NAME_pred.png for each image
+    NAME.jpg (mmseg's inferencer numbers them in the order the file system
+    lists the folder), each the mask of that image alone."""
+    config = 'configs/kcla/unet_kcla-r18_isic2017-256x256.py'
+    weights = tmp_path / 'unet.pth'
+    run(sys.executable, 'tools/misc/save_initial_checkpoint.py', config,
+        str(weights))
+    _, data = prepared['isic2017']
+    folder = tmp_path / 'images'
+    os.makedirs(folder)
+    for image in sorted(glob.glob(str(data / 'img_dir' / 'test' / '*')))[:4]:
+        shutil.copy(image, folder)
+    images = sorted(os.listdir(folder))
+
+    def masks(inputs, out_dir):
+        output_of(sys.executable, 'tools/infer.py', str(inputs), config,
+                  '--weights', str(weights), '--out-dir', str(out_dir))
+        return {
+            name:
+            cv2.imread(str(out_dir / 'pred' / name), cv2.IMREAD_UNCHANGED)
+            for name in os.listdir(out_dir / 'pred')
+        }
+
+    together = masks(folder, tmp_path / 'folder')
+    assert sorted(together) == sorted(
+        osp.splitext(name)[0] + '_pred.png' for name in images)
+    # Distinct masks, so that a mix-up would show.
+    assert len({m.tobytes() for m in together.values()}) > 1
+    for name in images[::3]:
+        alone = masks(folder / name, tmp_path / name)
+        key = osp.splitext(name)[0] + '_pred.png'
+        assert list(alone) == [key]
+        assert np.array_equal(alone[key], together[key])
 
 
 # DeepLabV3+ R50-D8 shrunk through --cfg-options so that a few iterations

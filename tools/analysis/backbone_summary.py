@@ -5,10 +5,10 @@
 
 The config's ``model.backbone`` dict (or top-level ``backbone``) is built
 through mmseg's registry for a config whose ``default_scope`` is mmseg,
-else mmdet's (``--scope`` overrides it), exactly as the config would build it, and
-initialised by its own init: the config's ``init_cfg`` (a ``Pretrained``
-file that may not be on this machine) is not loaded, since shapes and
-sizes do not depend on it.
+else mmdet's (``--scope`` overrides it), exactly as the config would build
+it, and initialised by its own init: the config's ``init_cfg`` (a
+``Pretrained`` file that may not be on this machine) is not loaded, since
+shapes and sizes do not depend on it.
 """
 import argparse
 import logging
@@ -49,8 +49,8 @@ def main():
         raise SystemExit(str(exc))
     backbone_cfg = dict(backbone_cfg, init_cfg=None)
     # mmpretrain's classification configs build the same class from mmdet.
-    scope = args.scope or ('mmseg' if cfg.get('default_scope') == 'mmseg'
-                           else 'mmdet')
+    scope = args.scope or ('mmseg'
+                           if cfg.get('default_scope') == 'mmseg' else 'mmdet')
     model = build_backbone(backbone_cfg, scope)
     # init_weights() logs one INFO record per parameter.
     logger = MMLogger.get_current_instance()

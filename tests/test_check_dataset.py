@@ -145,6 +145,36 @@ def test_label_set_follows_reduce_zero_label(tool, capsys, kvasir, tmp_path):
     assert status == 0, out
 
 
+def test_unconverted_0_255_masks_are_a_problem(tool, capsys, kvasir,
+                                               tmp_path):
+    """A split whose masks hold 0 and 255 only (raw masks, never converted
+    to 0/1) is reported once: 255 is the ignore index, so a run would learn
+    and score background alone. One mask converted (a 1 somewhere) or a
+    label set it does not apply to (reduce_zero_label) passes."""
+    root = copy_of(kvasir / 'data', tmp_path)
+    masks = files(root, 'ann_dir/val/*.png')
+    for path in masks:
+        write_mask(path, cv2.imread(path, cv2.IMREAD_UNCHANGED) * 255)
+    status, out = check(tool, capsys, SEG_CONFIG, root, splits=['val'])
+    assert status == 1, out
+    assert (f'{root}/ann_dir/val: no mask holds a label other than 0 but '
+            'masks hold 255, the ignore index') in out
+    assert '1 problem(s) in val_dataloader.dataset' in out
+    status, out = check(
+        tool,
+        capsys,
+        SEG_CONFIG,
+        root,
+        'val_dataloader.dataset.reduce_zero_label=True',
+        splits=['val'])
+    assert 'no mask holds a label other than 0' not in out
+    mask = cv2.imread(masks[0], cv2.IMREAD_UNCHANGED)
+    mask[:2, :2] = 1
+    write_mask(masks[0], mask)
+    status, out = check(tool, capsys, SEG_CONFIG, root, splits=['val'])
+    assert status == 0, out
+
+
 def test_empty_split_is_a_problem(tool, capsys, kvasir, tmp_path):
     root = copy_of(kvasir / 'data', tmp_path)
     for path in files(root, 'img_dir/val/*'):

@@ -17,7 +17,9 @@ scope and checks each sample's files:
 * segmentation (mmseg datasets): each mask present, readable, one channel,
   of its image's size, with values in the dataset's label set (``range(
   num_classes)``, shifted by one with ``reduce_zero_label``, the old ids of
-  a ``label_map``) or its ``ignore_index``;
+  a ``label_map``) or its ``ignore_index``; and, over a split with plain
+  labels, some mask holding a label other than 0 where masks hold the
+  ignore index (raw 0/255 masks, never converted, would be all ignored);
 * detection (mmdet datasets): with a COCO-style ``ann_file``, every image it
   lists present, readable and of the size it states, every annotation's
   image and category known, every box finite, of positive size and inside
@@ -35,7 +37,7 @@ import math
 import os.path as osp
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import (Callable, Iterator, List, Optional, Sequence, Set, Tuple)
 
 import mmcv
 import numpy as np
@@ -257,26 +259,34 @@ def check_seg_sample(info: dict, allowed: Sequence[int], ignore_index: int,
                      backend_args: Optional[dict],
                      header_only: bool) -> List[Problem]:
     """The problems of one mmseg sample (image and mask)."""
+    return _check_seg_sample(info, allowed, ignore_index, backend_args,
+                             header_only)[0]
+
+
+def _check_seg_sample(info: dict, allowed: Sequence[int], ignore_index: int,
+                      backend_args: Optional[dict],
+                      header_only: bool) -> Tuple[List[Problem], Set[int]]:
+    """:func:`check_seg_sample`, and the values its mask holds."""
     problems = []
     size, problem = _image_size(info['img_path'], backend_args, header_only)
     if problem:
         problems.append(problem)
     mask_path = info.get('seg_map_path')
     if not mask_path:
-        return problems
+        return problems, set()
     # what mmseg's LoadAnnotations reads (imdecode_backend='pillow')
     mask, problem = _read(mask_path, backend_args, 'unchanged', 'pillow',
                           'mask')
     if problem:
         problems.append(problem)
-        return problems
+        return problems, set()
     mask = mask.squeeze()
     if mask.ndim != 2:
         problems.append(
             Problem(
                 mask_path, f'mask has {mask.shape[-1]} channels, a label mask '
                 'has one (a value per pixel)'))
-        return problems
+        return problems, set()
     if size is not None and (mask.shape[1], mask.shape[0]) != tuple(size):
         problems.append(
             Problem(
@@ -294,7 +304,7 @@ def check_seg_sample(info: dict, allowed: Sequence[int], ignore_index: int,
                 mask_path, f'mask values {shown}{more} outside the label set '
                 f'{_value_ranges(list(allowed))} and the ignore index '
                 f'{ignore_index}'))
-    return problems
+    return problems, {int(v) for v in values}
 
 
 def check_seg_dataset(dataset,
@@ -305,12 +315,40 @@ def check_seg_dataset(dataset,
     allowed, ignore_index = seg_label_values(dataset)
     backend_args = getattr(dataset, 'backend_args', None)
     infos = [dataset.get_data_info(i) for i in range(len(dataset))]
-    return [
-        p for found in _run(
-            lambda info: check_seg_sample(info, allowed, ignore_index,
-                                          backend_args, header_only), infos,
-            jobs) for p in found
+    problems, seen = [], set()
+    for found, values in _run(
+            lambda info: _check_seg_sample(info, allowed, ignore_index,
+                                           backend_args, header_only), infos,
+            jobs):
+        problems += found
+        seen |= values
+    problem = _unconverted_masks(dataset, infos, allowed, ignore_index, seen)
+    return problems + ([problem] if problem else [])
+
+
+def _unconverted_masks(dataset, infos: Sequence[dict], allowed: Sequence[int],
+                       ignore_index: int, seen: Set[int]) -> Optional[Problem]:
+    """A split whose masks hold background and the ignore index but no
+    other label: raw 0/255 masks (ISIC's, Kvasir-SEG's) that were not
+    converted to 0/1, on which a run would learn and score background
+    only, every object pixel ignored. Checked where the labels are plain
+    (0 .. K-1: no ``reduce_zero_label``, no ``label_map``)."""
+    plain = (not getattr(dataset, 'reduce_zero_label', False)
+             and not dataset.metainfo.get('label_map')
+             and list(allowed) == list(range(len(allowed))))
+    if (not plain or len(allowed) < 2 or ignore_index not in seen
+            or seen & set(allowed[1:])):
+        return None
+    masks = [
+        info['seg_map_path'] for info in infos if info.get('seg_map_path')
     ]
+    folder = osp.dirname(masks[0]) if masks else str(dataset.data_root)
+    return Problem(
+        folder, f'no mask holds a label other than 0 but masks hold '
+        f'{ignore_index}, the ignore index: raw 0/{ignore_index} masks not '
+        'converted to 0/1? A run would ignore every object pixel (convert '
+        'them with tools/dataset_converters/prepare_isic.py or '
+        'prepare_kvasir.py)')
 
 
 # --------------------------------------------------------------------------

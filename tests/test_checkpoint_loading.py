@@ -21,6 +21,7 @@ from kcla_mm.utils import checkpoint_loading as loading
 from helpers import load_tool, run
 
 DEMO_CONFIG = 'configs/kcla/demo/faster-rcnn_kcla-r18_fpn_synthetic-coco.py'
+SEG_CONFIG = 'configs/kcla/unet_kcla-r18_isic2017-256x256.py'
 # The tensors the corrupted checkpoints damage: a KCLA layer's weight, a
 # BN buffer, an SGD momentum buffer.
 NAN_KEY = 'backbone.layer1.0.kcla.query_conv.weight'
@@ -311,6 +312,36 @@ def test_test_tool_refuses(bench, name, tmp_path):
         check=False)
     assert result.returncode == 1, result.stdout[-2000:]
     assert_one_line_error(result.stderr, bench[name], BAD_FILES[name])
+
+
+@pytest.mark.parametrize('config, options, message', [
+    ('nosuch.py', [], 'No such file or directory'),
+    (None, ['--out', 'results.json'], '--out results.json: must end in .pkl'),
+    (SEG_CONFIG, ['--out', 'results.pkl'
+                  ], '--out is for detection and classification configs'),
+    (SEG_CONFIG, [
+        '--show-dir', 'vis', '--cfg-options',
+        'default_hooks.visualization=None'
+    ], '--show-dir needs default_hooks.visualization in the config'),
+])
+@pytest.mark.slow
+def test_test_tool_refuses_options_in_one_line(bench, config, options, message,
+                                               tmp_path):
+    """test.py's own checks of its options end in one error line (they
+    were tracebacks), before any dataset is read."""
+    result = run(
+        sys.executable,
+        'tools/test.py',
+        config or bench['config'],
+        bench['good'],
+        '--work-dir',
+        tmp_path,
+        *options,
+        check=False)
+    assert result.returncode == 1, result.stdout[-2000:]
+    errors = [line for line in result.stderr.splitlines() if 'error: ' in line]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-3000:]
+    assert 'Traceback' not in result.stderr
 
 
 @pytest.mark.parametrize('how,name', [('resume', 'nan_momentum.pth'),

@@ -55,7 +55,7 @@ def parse_args(argv=None):
 
 def enable_visualization(cfg: Config, show_dir: str) -> None:
     hooks = cfg.default_hooks
-    if 'visualization' not in hooks:
+    if hooks.get('visualization') is None:
         raise KeyError('--show-dir needs default_hooks.visualization in the '
                        'config')
     scope = cfg.get('default_scope')
@@ -81,15 +81,24 @@ def enable_visualization(cfg: Config, show_dir: str) -> None:
 def main(argv=None):
     args = parse_args(argv)
     try:
-        test(args)
+        # What needs no unpickling is refused before the datasets load;
+        # the rest (non-finite tensors, refused types) as the runner loads
+        # it.
+        probe_checkpoint_file(args.checkpoint)
+        cfg = build_cfg(args)
+    except (CheckpointError, FileNotFoundError, KeyError, ValueError) as exc:
+        # A KeyError's str() would quote its message.
+        sys.exit(f'error: {exc.args[0] if isinstance(exc, KeyError) else exc}')
+    try:
+        with checked_checkpoint_loading():
+            run_runner(cfg, 'test')
     except CheckpointError as exc:
         sys.exit(f'error: {exc}')
 
 
-def test(args) -> None:
-    # What needs no unpickling is refused before the datasets load; the
-    # rest (non-finite tensors, refused types) as the runner loads it.
-    probe_checkpoint_file(args.checkpoint)
+def build_cfg(args) -> Config:
+    """The config with test.py's options applied; raises naming the option
+    or key that cannot apply."""
     cfg = load_config(args.config, args.cfg_options, args.launcher,
                       args.work_dir)
     # The backbone's ImageNet init is not needed: the checkpoint has it all.
@@ -110,8 +119,7 @@ def test(args) -> None:
         # uses mmengine's DumpResults (one dict per image).
         dumper = 'DumpResults' if scope == 'mmpretrain' else 'DumpDetResults'
         cfg.test_evaluator.append(dict(type=dumper, out_file_path=args.out))
-    with checked_checkpoint_loading():
-        run_runner(cfg, 'test')
+    return cfg
 
 
 if __name__ == '__main__':

@@ -240,6 +240,19 @@ def test_converter_names_a_cifar_checkpoint_with_uneven_stages(tmp_path):
     assert 'three equal stages' in result.stderr
 
 
+def test_converter_creates_the_output_folder(tmp_path):
+    """The documented command writes into checkpoints/, which need not
+    exist yet (torch.save does not create it)."""
+    official = randomise_(OfficialKCLACIFAR(20)).eval()
+    save_official_cifar(official, tmp_path / 'official.pth.tar', True)
+    out = tmp_path / 'checkpoints' / 'cifar' / 'kcla.pth'
+    result = convert(ROOT, tmp_path / 'official.pth.tar', out)
+    assert result.returncode == 0, result.stderr
+    assert f'backbone checkpoint: {out}' in result.stdout
+    ckpt = torch.load(out, weights_only=True)
+    KCLAResNetCIFAR(depth=20).load_state_dict(ckpt['state_dict'], strict=True)
+
+
 def build_classifier(config, **options):
     from mmengine.config import Config
     from mmengine.registry import init_default_scope

@@ -4,6 +4,7 @@ model, and the errors of bad input."""
 import importlib.util
 import os
 import os.path as osp
+import stat
 import sys
 
 import pytest
@@ -364,6 +365,28 @@ def test_output_that_cannot_be_written_is_named(tmp_path, capsys):
                        tmp_path / 'file' / 'x.onnx', *args)
     assert 'does not exist' in err
     assert sorted(os.listdir(tmp_path)) == ['cfg.py', 'dir.onnx', 'file']
+
+
+@requires_onnx
+@pytest.mark.parametrize('umask', [0o022, 0o027], ids=['022', '027'])
+def test_exported_file_has_the_mode_of_a_plain_open(tmp_path, capsys, umask):
+    cfg = write_config(
+        tmp_path, "model = dict(backbone=dict(type='KCLAResNet', depth=18,"
+        ' base_channels=16, head_dim=8))')
+    tool = load_tool('tools/deployment/pytorch2onnx.py')
+    old = os.umask(umask)
+    try:
+        assert tool.main([
+            str(cfg), '--backbone', '--out',
+            str(tmp_path / 'b.onnx'), '--shape', '32', '32'
+        ]) == 0
+        with open(tmp_path / 'plain', 'w'):
+            pass
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(os.stat(tmp_path / 'b.onnx').st_mode)
+    assert oct(mode) == oct(0o666 & ~umask)
+    assert mode == stat.S_IMODE(os.stat(tmp_path / 'plain').st_mode)
 
 
 @requires_onnx

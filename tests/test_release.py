@@ -11,6 +11,7 @@ import os
 import os.path as osp
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -252,6 +253,70 @@ def test_publish_refuses_meta_that_weights_only_would_refuse(tmp_path):
     assert not (tmp_path / 'out').exists()
 
 
+def small_training_checkpoint(path):
+    torch.save(
+        dict(
+            meta=dict(epoch=1),
+            state_dict={'w': torch.arange(6.)},
+            optimizer=dict(state={})), path)
+
+
+def publish_with_tool(tool, capsys, in_file, out_file):
+    assert tool.main([str(in_file), str(out_file)]) == 0
+    log = capsys.readouterr().out
+    return re.search(r'^published (.+)$', log, re.M).group(1)
+
+
+def test_publishing_twice_gives_the_same_name_and_bytes(tmp_path, capsys):
+    """torch.save names the records inside the archive after the file it
+    writes: the published bytes (and so the name) must not depend on the
+    temporary file's random name."""
+    tool = load_tool('tools/model_converters/publish_model.py')
+    small_training_checkpoint(tmp_path / 'epoch_1.pth')
+    first, second = [
+        publish_with_tool(tool, capsys, tmp_path / 'epoch_1.pth',
+                          tmp_path / folder / 'model.pth')
+        for folder in ('first', 'second')
+    ]
+    assert osp.basename(first) == osp.basename(second)
+    with open(first, 'rb') as a, open(second, 'rb') as b:
+        assert a.read() == b.read()
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o027], ids=['022', '027'])
+def test_published_file_has_the_mode_of_a_plain_open(tmp_path, capsys, umask):
+    tool = load_tool('tools/model_converters/publish_model.py')
+    small_training_checkpoint(tmp_path / 'epoch_1.pth')
+    old = os.umask(umask)
+    try:
+        published = publish_with_tool(tool, capsys, tmp_path / 'epoch_1.pth',
+                                      tmp_path / 'out' / 'model.pth')
+        with open(tmp_path / 'plain', 'w'):
+            pass
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(os.stat(published).st_mode)
+    assert oct(mode) == oct(0o666 & ~umask)
+    assert mode == stat.S_IMODE(os.stat(tmp_path / 'plain').st_mode)
+
+
+def test_initial_checkpoint_creates_the_output_folder(tmp_path, capsys):
+    config = tmp_path / 'small.py'
+    config.write_text("default_scope = 'mmdet'\n"
+                      "custom_imports = dict(imports=['kcla_mm'])\n"
+                      "model = dict(type='KCLAResNet', depth=18, "
+                      'base_channels=16, head_dim=8)\n')
+    out = tmp_path / 'checkpoints' / 'initial' / 'small.pth'
+    tool = load_tool('tools/misc/save_initial_checkpoint.py')
+    tool.main([str(config), str(out)])
+    assert f'to {out}' in capsys.readouterr().out
+    ckpt = torch.load(out, weights_only=True)
+    from kcla_mm.models import KCLAResNet
+    KCLAResNet(
+        depth=18, base_channels=16,
+        head_dim=8).load_state_dict(ckpt['state_dict'])
+
+
 @pytest.fixture(scope='module')
 def predictions(release, tmp_path_factory, repo_root):
     """mmdet's DetInferencer with the config file and the training and the
@@ -479,10 +544,13 @@ def test_segmentation_release_and_inference(release, tmp_path, repo_root):
     log = run(sys.executable, 'tools/infer.py', release['image'], SEG_CONFIG,
               '--weights', published, '--out-dir', str(cli_dir)).stdout
     assert (cli_dir / 'vis' / image_name).is_file()
-    # mmseg's MMSegInferencer numbers its mask files.
+    # infer.py names the mask after its image (mmseg's inferencer numbers
+    # them).
     import numpy as np
     from PIL import Image
-    mask = np.asarray(Image.open(cli_dir / 'pred' / '00000000_pred.png'))
+    mask = np.asarray(
+        Image.open(cli_dir / 'pred' /
+                   (osp.splitext(image_name)[0] + '_pred.png')))
     assert mask.shape == (96, 96) and set(np.unique(mask)) <= {0, 1}
     assert '1 segmentation mask(s)' in log
 

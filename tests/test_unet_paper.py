@@ -304,3 +304,15 @@ def test_tool_converts_a_training_checkpoint(tmp_path, capsys):
     assert not (tmp_path / 'o.pth').exists()
     with pytest.raises(OfficialCheckpointError, match='no such file'):
         convert_official_unet_checkpoint(str(tmp_path / 'none.pth'))
+
+
+def test_tool_creates_the_output_folder(tmp_path, capsys):
+    torch.save(
+        randomise_(OfficialUNetKCLANet()).state_dict(), tmp_path / 'best.pth')
+    out = tmp_path / 'checkpoints' / 'unet' / 'unet-paper_kcla-r18.pth'
+    tool = load_tool('tools/model_converters/kcla_unet_official2mm.py')
+    assert tool.main([str(tmp_path / 'best.pth'), str(out)]) == 0
+    assert f'the configs built on it: {out}' in capsys.readouterr().out
+    ckpt = torch.load(out, weights_only=True)
+    build_segmentor('kcla-r18').load_state_dict(
+        ckpt['state_dict'], strict=True)

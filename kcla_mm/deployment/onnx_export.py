@@ -25,7 +25,8 @@ Errors that a user can fix (a model kind that cannot export, an op without
 an ONNX symbolic, a checkpoint that does not match, an output that cannot
 be written, a parity failure) raise :class:`ExportError` naming the thing;
 the file is written to a temporary name in the output's folder and renamed
-only once complete, so no partial file is left behind.
+only once complete (with the permissions a plain ``open()`` gives), so no
+partial file is left behind.
 """
 import contextlib
 import copy
@@ -40,6 +41,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..torch_compat import load_checkpoint_file
+from ..utils.cli import default_file_mode
 
 #: The ONNX opset used unless asked otherwise.
 DEFAULT_OPSET = 17
@@ -373,6 +375,8 @@ def export_onnx(exportable: Exportable,
                 do_constant_folding=True,
                 **kwargs)
         onnx.checker.check_model(tmp)
+        # mkstemp made it private (0o600): give it what open() would.
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, out)
     except ExportError:
         _remove(tmp)

@@ -25,6 +25,7 @@ import torch
 from ..torch_compat import WEIGHTS_ONLY_ALLOW_LIST
 from ..utils.checkpoint_loading import (CheckpointError, CheckpointFileError,
                                         load_checkpoint)
+from ..utils.cli import default_file_mode, make_parent_dir
 
 #: The keys a published checkpoint keeps (mmdet's ``save_keys`` default).
 RELEASE_KEYS = ('meta', 'state_dict')
@@ -158,8 +159,13 @@ def publish_checkpoint(in_file: str,
     """Writes the release checkpoint of ``in_file`` to
     ``<out_file>-<sha256[:8]>.pth``.
 
-    The file is written under a temporary name in the output folder,
-    hashed, then renamed, so a failed run leaves no half-written release.
+    The file is written under a temporary name in the output folder
+    (created if missing), hashed, then renamed, so a failed run leaves no
+    half-written release. It gets the permissions a plain ``open()`` gives
+    (``0o666`` less the umask), and its bytes, hence its name, depend only
+    on the released content: torch names the records inside the archive
+    after the file it saves to, so it saves to an open file object (records
+    ``archive/...``), not to the temporary file's random name.
 
     Args:
         in_file (str): A training (or any mmengine) checkpoint.
@@ -172,12 +178,12 @@ def publish_checkpoint(in_file: str,
     """
     checkpoint = load_training_checkpoint(in_file)
     released, dropped = strip_checkpoint(checkpoint, keep_ema, in_file)
-    out_dir = osp.dirname(osp.abspath(out_file))
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = make_parent_dir(out_file)
     fd, tmp_path = tempfile.mkstemp(suffix='.pth.tmp', dir=out_dir)
-    os.close(fd)
     try:
-        torch.save(released, tmp_path)
+        with os.fdopen(fd, 'wb') as f:
+            torch.save(released, f)
+        os.chmod(tmp_path, default_file_mode())
         digest = sha256sum(tmp_path)
         final = release_name(out_file, digest)
         os.replace(tmp_path, final)

@@ -12,6 +12,7 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import MODELS, init_default_scope
 
 import kcla_mm  # noqa: F401
+from kcla_mm.utils.cli import make_parent_dir
 
 
 def main(argv=None):
@@ -28,6 +29,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     model = MODELS.build(cfg.model)
     model.init_weights()
+    make_parent_dir(args.out)
     torch.save(
         dict(state_dict=model.state_dict(), meta=dict(seed=args.seed)),
         args.out)

@@ -24,6 +24,7 @@ import torch
 
 from kcla_mm.models.official_checkpoint import (OfficialCheckpointError,
                                                 convert_official_checkpoint)
+from kcla_mm.utils.cli import make_parent_dir
 
 
 def parse_args(argv=None):
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
     except OfficialCheckpointError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 1
+    make_parent_dir(args.dst)
     torch.save(dict(state_dict=result.state_dict, meta=result.meta), args.dst)
     model = f'{result.backbone}-{result.depth}'
     if result.layout == 'cifar':

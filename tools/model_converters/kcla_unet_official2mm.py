@@ -24,6 +24,7 @@ import torch
 from kcla_mm.models.official_checkpoint import OfficialCheckpointError
 from kcla_mm.models.official_unet_checkpoint import \
     convert_official_unet_checkpoint
+from kcla_mm.utils.cli import make_parent_dir
 
 
 def parse_args(argv=None):
@@ -42,6 +43,7 @@ def main(argv=None) -> int:
     except OfficialCheckpointError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 1
+    make_parent_dir(args.dst)
     torch.save(dict(state_dict=result.state_dict, meta=result.meta), args.dst)
     print(f'converted {len(result.state_dict)} tensors of the official '
           f'UNet_kcla network into a segmentor checkpoint for '

@@ -498,6 +498,12 @@ def test_inference_by_name_fetches_the_index_weights(release, model_server,
             'file nor a model name.*known models: .*'
             'faster-rcnn_kcla-r50_fpn_1x_coco'):
         infer.main([release['image'], 'no-such-model'])
+    # A name without released weights would draw an untrained model.
+    with pytest.raises(
+            SystemExit,
+            match='error: faster-rcnn_kcla-r50_fpn_1x_coco has no released '
+            'weights in the kcla_mm model index: give --weights'):
+        infer.main([release['image'], 'faster-rcnn_kcla-r50_fpn_1x_coco'])
 
 
 SEG_PREDICT = textwrap.dedent("""\

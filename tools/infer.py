@@ -5,7 +5,8 @@
 
 INPUTS is an image file or a folder of images. MODEL is a config file or a
 model name of kcla_mm's model index (``mim search kcla_mm``); a name without
-``--weights`` uses the index's released weights. The config's
+``--weights`` uses the index's released weights, and is refused where the
+index has none. The config's
 ``default_scope`` picks mmdet's ``DetInferencer`` or mmseg's
 ``MMSegInferencer`` (see ``kcla_mm.apis``). Results go where those
 inferencers put them: ``DIR/vis/`` (images with the predictions drawn) and
@@ -29,6 +30,7 @@ from typing import List
 from mmengine.config import DictAction
 
 from kcla_mm.apis import KCLADetInferencer, init_inferencer
+from kcla_mm.model_zoo.model_index import find_model
 from kcla_mm.utils.checkpoint_loading import (CheckpointError, is_local_path,
                                               probe_checkpoint_file)
 
@@ -96,6 +98,13 @@ def main(argv=None):
     if not osp.exists(args.inputs):
         raise FileNotFoundError(f'inputs {args.inputs}: no such file or '
                                 'folder')
+    info = (None if osp.isfile(args.model) else find_model(
+        args.model, args.package))
+    if info is not None and info.weights is None and args.weights is None:
+        # The inferencer would only warn and draw an untrained model's
+        # predictions.
+        sys.exit(f'error: {info.name} has no released weights in the '
+                 f'{args.package} model index: give --weights CHECKPOINT')
     try:
         if args.weights is not None and is_local_path(args.weights):
             probe_checkpoint_file(args.weights)

@@ -543,13 +543,15 @@ def test_flop_count_includes_the_attention_ops():
     assert count_flops(model, x) - plain_total >= weighted_sum
 
 
-@pytest.mark.parametrize('config, backbone', [
-    # mmseg's default_scope: KCLAResNetV1c is in mmseg's registry only.
-    ('configs/kcla/deeplabv3plus_kcla-r50-d8_kvasir-seg-256x256.py',
-     'KCLAResNetV1c-50'),
-    # Its init_cfg names a Pretrained file that is not on the machine.
-    ('configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py', 'KCLAResNet-50'),
-])
+@pytest.mark.parametrize(
+    'config, backbone',
+    [
+        # mmseg's default_scope: KCLAResNetV1c is in mmseg's registry only.
+        ('configs/kcla/deeplabv3plus_kcla-r50-d8_kvasir-seg-256x256.py',
+         'KCLAResNetV1c-50'),
+        # Its init_cfg names a Pretrained file that is not on the machine.
+        ('configs/kcla/faster-rcnn_kcla-r50_fpn_1x_coco.py', 'KCLAResNet-50'),
+    ])
 def test_backbone_summary_builds_as_the_config_does(config, backbone):
     """backbone_summary.py builds from the config's own scope and does
     not load its init_cfg: both configs run as they are."""

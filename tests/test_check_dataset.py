@@ -145,8 +145,7 @@ def test_label_set_follows_reduce_zero_label(tool, capsys, kvasir, tmp_path):
     assert status == 0, out
 
 
-def test_unconverted_0_255_masks_are_a_problem(tool, capsys, kvasir,
-                                               tmp_path):
+def test_unconverted_0_255_masks_are_a_problem(tool, capsys, kvasir, tmp_path):
     """A split whose masks hold 0 and 255 only (raw masks, never converted
     to 0/1) is reported once: 255 is the ignore index, so a run would learn
     and score background alone. One mask converted (a 1 somewhere) or a

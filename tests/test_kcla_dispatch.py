@@ -10,8 +10,7 @@ import torch
 from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.kcla import select_implementation
 from kcla_mm.models.layers.kcla.compiled import extension
-from helpers import (assert_close_to_max, gradients, incoming_state,
-                     make_case)
+from helpers import assert_close_to_max, gradients, incoming_state, make_case
 
 requires_extension = pytest.mark.skipif(
     extension() is None,

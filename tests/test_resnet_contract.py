@@ -485,10 +485,10 @@ OPTIONS = {
             deform_conv_in((False, True, True, True))),
     'base_channels': (dict(depth=50, base_channels=3), 32, no_check),
     # The first stage strided too: its first block receives no state.
-    'r18_first_stage_stride': (dict(depth=18, strides=(2, 2, 2, 2)), 64,
-                               no_check),
-    'r50_first_stage_stride': (dict(
-        depth=50, base_channels=1, strides=(2, 1, 2, 1)), 64, no_check),
+    'r18_first_stage_stride': (dict(depth=18,
+                                    strides=(2, 2, 2, 2)), 64, no_check),
+    'r50_first_stage_stride':
+    (dict(depth=50, base_channels=1, strides=(2, 1, 2, 1)), 64, no_check),
     'stem_channels': (dict(depth=50, base_channels=2,
                            stem_channels=6), 32, stem_width(6)),
 }

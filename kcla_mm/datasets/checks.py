@@ -37,7 +37,7 @@ import math
 import os.path as osp
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import (Callable, Iterator, List, Optional, Sequence, Set, Tuple)
+from typing import Callable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import mmcv
 import numpy as np

@@ -57,8 +57,7 @@ def differentiates(p: KCLAParams, x: Tensor,
          (state.u.requires_grad or state.z.requires_grad)))
 
 
-def replayable(p: KCLAParams, x: Tensor,
-               state: Optional[KCLAState]) -> bool:
+def replayable(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
     """Whether :func:`recomputed_forward` applies: a train step (something
     to differentiate: :func:`differentiates`), no autocast, not under
     torch.compile (the tape's side effects would break the graph at every
@@ -68,8 +67,7 @@ def replayable(p: KCLAParams, x: Tensor,
     unpacks other nodes' tensors; torch 2.1 cannot tell, and the
     checkpoint then stops with its own error), and a norm that can be
     replayed locally."""
-    if (is_compiling() or is_exporting()
-            or is_autocast_enabled(x.device.type)
+    if (is_compiling() or is_exporting() or is_autocast_enabled(x.device.type)
             or checkpoint_hooks_active()):
         return False
     if isinstance(p.norm, nn.SyncBatchNorm):

@@ -125,6 +125,17 @@ def test_every_segmentation_problem_is_reported_at_once(
         'val_dataloader.dataset' in out
 
 
+def check_val_reducing_zero_label(tool, capsys, root):
+    """:func:`check` of the val split with reduce_zero_label on."""
+    return check(
+        tool,
+        capsys,
+        SEG_CONFIG,
+        root,
+        'val_dataloader.dataset.reduce_zero_label=True',
+        splits=['val'])
+
+
 def test_label_set_follows_reduce_zero_label(tool, capsys, kvasir, tmp_path):
     """With reduce_zero_label the file values 0..num_classes are labels (0
     becomes the ignore index)."""
@@ -135,13 +146,7 @@ def test_label_set_follows_reduce_zero_label(tool, capsys, kvasir, tmp_path):
     write_mask(mask_path, mask)
     status, out = check(tool, capsys, SEG_CONFIG, root, splits=['val'])
     assert status == 1 and f'{mask_path}: mask values 2 (9 pixels)' in out
-    status, out = check(
-        tool,
-        capsys,
-        SEG_CONFIG,
-        root,
-        'val_dataloader.dataset.reduce_zero_label=True',
-        splits=['val'])
+    status, out = check_val_reducing_zero_label(tool, capsys, root)
     assert status == 0, out
 
 
@@ -159,13 +164,7 @@ def test_unconverted_0_255_masks_are_a_problem(tool, capsys, kvasir, tmp_path):
     assert (f'{root}/ann_dir/val: no mask holds a label other than 0 but '
             'masks hold 255, the ignore index') in out
     assert '1 problem(s) in val_dataloader.dataset' in out
-    status, out = check(
-        tool,
-        capsys,
-        SEG_CONFIG,
-        root,
-        'val_dataloader.dataset.reduce_zero_label=True',
-        splits=['val'])
+    status, out = check_val_reducing_zero_label(tool, capsys, root)
     assert 'no mask holds a label other than 0' not in out
     mask = cv2.imread(masks[0], cv2.IMREAD_UNCHANGED)
     mask[:2, :2] = 1

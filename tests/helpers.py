@@ -3,10 +3,11 @@ import importlib.util
 import os
 import os.path as osp
 import socket
+import stat
 import struct
 import subprocess
 from types import ModuleType
-from typing import List
+from typing import Callable, List
 
 import pytest
 import torch
@@ -265,3 +266,20 @@ def dynamic_symbols(path):
             name = data[strtab + name_at:end].decode()
             (defined if shndx else undefined).add(name)
     return defined, undefined
+
+
+def assert_written_with_open_mode(write: Callable[[], str], umask: int,
+                                  scratch) -> None:
+    """``write()`` (which returns the path it wrote), run under ``umask``,
+    leaves a file with the mode a plain ``open()`` gives a new file there
+    (``0o666`` less the umask), compared with one made in ``scratch``."""
+    old = os.umask(umask)
+    try:
+        written = write()
+        with open(osp.join(scratch, 'plain'), 'w'):
+            pass
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(os.stat(written).st_mode)
+    assert oct(mode) == oct(0o666 & ~umask)
+    assert mode == stat.S_IMODE(os.stat(osp.join(scratch, 'plain')).st_mode)

@@ -4,7 +4,6 @@ model, and the errors of bad input."""
 import importlib.util
 import os
 import os.path as osp
-import stat
 import sys
 
 import pytest
@@ -13,7 +12,8 @@ import torch.nn as nn
 from mmdet.registry import MODELS as MMDET_MODELS
 
 from kcla_mm.models.layers import KCLALayer
-from helpers import ROOT, load_tool, requires_mmpretrain, run
+from helpers import (ROOT, assert_written_with_open_mode, load_tool,
+                     requires_mmpretrain, run)
 from official_reference import OfficialKCLAResNet, randomise_
 
 HAS_ONNX = all(
@@ -374,19 +374,15 @@ def test_exported_file_has_the_mode_of_a_plain_open(tmp_path, capsys, umask):
         tmp_path, "model = dict(backbone=dict(type='KCLAResNet', depth=18,"
         ' base_channels=16, head_dim=8))')
     tool = load_tool('tools/deployment/pytorch2onnx.py')
-    old = os.umask(umask)
-    try:
+
+    def export():
         assert tool.main([
             str(cfg), '--backbone', '--out',
             str(tmp_path / 'b.onnx'), '--shape', '32', '32'
         ]) == 0
-        with open(tmp_path / 'plain', 'w'):
-            pass
-    finally:
-        os.umask(old)
-    mode = stat.S_IMODE(os.stat(tmp_path / 'b.onnx').st_mode)
-    assert oct(mode) == oct(0o666 & ~umask)
-    assert mode == stat.S_IMODE(os.stat(tmp_path / 'plain').st_mode)
+        return tmp_path / 'b.onnx'
+
+    assert_written_with_open_mode(export, umask, tmp_path)
 
 
 @requires_onnx

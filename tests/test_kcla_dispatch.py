@@ -153,17 +153,17 @@ def test_state_unpacks_as_the_pair_and_carries_its_tape():
 
 
 @pytest.mark.parametrize('case', ['carry', 'renorm', 'adapt'])
-@pytest.mark.parametrize('implementation',
-                         ['fused', 'recompute', 'compiled', 'auto'])
+@pytest.mark.parametrize('implementation', [
+    'fused', 'recompute',
+    pytest.param('compiled', marks=requires_extension),
+    pytest.param('auto', marks=requires_extension)
+])
 def test_a_state_that_requires_grad_gets_its_gradient(case, implementation):
     """A frozen layer called on its own with a detached input still passes
     the gradient back to an incoming state that requires grad, as the
     reference does; the kernels and the recomputing node run it themselves
     rather than dropping to a path without autograd (which left the output
     detached) or to 'fused'."""
-    if implementation in ('compiled', 'auto') and extension() is None:
-        pytest.skip('the compiled kernels are not built or '
-                    'KCLA_MM_NO_EXTENSION is set')
     layer, x, state = make_case(case, n=2)
     layer = layer.double().train().requires_grad_(False)
     x = x.double()

@@ -11,7 +11,6 @@ import os
 import os.path as osp
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,8 @@ import pytest
 import torch
 import yaml
 
-from helpers import HAS_MMPRETRAIN, load_tool, run
+from helpers import (HAS_MMPRETRAIN, assert_written_with_open_mode, load_tool,
+                     run)
 
 DEMO_CONFIG = 'configs/kcla/demo/faster-rcnn_kcla-r18_fpn_synthetic-coco.py'
 SEG_CONFIG = 'configs/kcla/unet_kcla-r18_isic2017-256x256.py'
@@ -287,17 +287,10 @@ def test_publishing_twice_gives_the_same_name_and_bytes(tmp_path, capsys):
 def test_published_file_has_the_mode_of_a_plain_open(tmp_path, capsys, umask):
     tool = load_tool('tools/model_converters/publish_model.py')
     small_training_checkpoint(tmp_path / 'epoch_1.pth')
-    old = os.umask(umask)
-    try:
-        published = publish_with_tool(tool, capsys, tmp_path / 'epoch_1.pth',
-                                      tmp_path / 'out' / 'model.pth')
-        with open(tmp_path / 'plain', 'w'):
-            pass
-    finally:
-        os.umask(old)
-    mode = stat.S_IMODE(os.stat(published).st_mode)
-    assert oct(mode) == oct(0o666 & ~umask)
-    assert mode == stat.S_IMODE(os.stat(tmp_path / 'plain').st_mode)
+    assert_written_with_open_mode(
+        lambda: publish_with_tool(tool, capsys, tmp_path / 'epoch_1.pth',
+                                  tmp_path / 'out' / 'model.pth'), umask,
+        tmp_path)
 
 
 def test_initial_checkpoint_creates_the_output_folder(tmp_path, capsys):

@@ -257,16 +257,9 @@ def _value_ranges(values: Sequence[int]) -> str:
 
 def check_seg_sample(info: dict, allowed: Sequence[int], ignore_index: int,
                      backend_args: Optional[dict],
-                     header_only: bool) -> List[Problem]:
-    """The problems of one mmseg sample (image and mask)."""
-    return _check_seg_sample(info, allowed, ignore_index, backend_args,
-                             header_only)[0]
-
-
-def _check_seg_sample(info: dict, allowed: Sequence[int], ignore_index: int,
-                      backend_args: Optional[dict],
-                      header_only: bool) -> Tuple[List[Problem], Set[int]]:
-    """:func:`check_seg_sample`, and the values its mask holds."""
+                     header_only: bool) -> Tuple[List[Problem], Set[int]]:
+    """The problems of one mmseg sample (image and mask), and the values
+    its mask holds (none where it could not be read)."""
     problems = []
     size, problem = _image_size(info['img_path'], backend_args, header_only)
     if problem:
@@ -317,8 +310,8 @@ def check_seg_dataset(dataset,
     infos = [dataset.get_data_info(i) for i in range(len(dataset))]
     problems, seen = [], set()
     for found, values in _run(
-            lambda info: _check_seg_sample(info, allowed, ignore_index,
-                                           backend_args, header_only), infos,
+            lambda info: check_seg_sample(info, allowed, ignore_index,
+                                          backend_args, header_only), infos,
             jobs):
         problems += found
         seen |= values

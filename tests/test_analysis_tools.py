@@ -13,6 +13,8 @@ import torch
 from mmengine.logging import HistoryBuffer
 
 from kcla_mm.analysis.benchmark import can_measure_peak_rss, median_memory
+from kcla_mm.analysis.complexity import (saved_activation_bytes,
+                                         train_step_allocated_peak)
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
 from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
@@ -39,7 +41,7 @@ BENCHMARK = 'tools/analysis/benchmark_backbone.py'
 TINY = ('--depth', '18', '--size', '64', '--eval-batch', '1', '--train-batch',
         '2', '--repeats', '1', '--warmup', '0', '--memory-repeats', '1')
 ROWS = ('eval forward', 'train step (fwd+bwd)', 'activation memory',
-        'peak memory growth')
+        'peak tensor memory', 'peak RSS growth')
 
 
 def benchmark_tables(log):
@@ -154,16 +156,18 @@ def test_benchmark_backbone_prints_a_table_per_setting_and_thread_count(
 
 @pytest.mark.slow
 def test_benchmark_backbone_memory_rows(benchmark_tool, capsys):
-    """Activation memory and peak growth beside each other, each model in
-    a fresh process: the peak includes the saved activations."""
+    """Activation memory, the tensors' peak and the RSS growth beside each
+    other, each model in a fresh process: the tensors' peak includes the
+    saved activations."""
     benchmark_tool.main(
         [*TINY, '--implementations', 'auto', 'fused', '--memory-repeats', '2'])
     out = capsys.readouterr().out
     assert 'median of 2 fresh process(es) per model' in out
     table = benchmark_tables(out)[('imagenet', 1)]
     assert set(table) == {'columns', *ROWS}
-    activation, peak = (float(table[row][0].split()[0]) for row in ROWS[2:])
-    assert 0 < activation < peak
+    activation, tensor_peak, rss_peak = (
+        float(table[row][0].split()[0]) for row in ROWS[2:])
+    assert 0 < activation < tensor_peak and rss_peak > 0
     for row in ROWS[2:]:
         assert all(r > 0 for r in table[row][1]), table
     # 'fused' keeps more for backward than the compiled kernels or ResNet.
@@ -211,6 +215,47 @@ def test_peak_growth_counts_a_large_allocation():
     log = output_of(sys.executable, '-c', PEAK_PROBE)
     grown = int(re.search(r'grown (-?\d+)', log)[1])
     assert 60 * 2**20 < grown < 200 * 2**20, grown
+
+
+class HoldsATemporary(torch.nn.Module):
+    """Allocates 64 MiB in its forward and frees it before the backward:
+    what a high-water mark sees and a count of saved tensors does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        temporary = x.new_ones(64 * 2**20 // 4)
+        return [x * self.weight + temporary.sum() * 0]
+
+
+def test_tensor_peak_counts_a_temporary_freed_in_the_step():
+    peak = train_step_allocated_peak(HoldsATemporary(), torch.ones(8))
+    assert 64 * 2**20 <= peak < 65 * 2**20, peak
+    with pytest.raises(ValueError, match='measures the CPU; inputs are on'):
+        train_step_allocated_peak(HoldsATemporary(),
+                                  torch.ones(8, device='meta'))
+
+
+@pytest.mark.parametrize('implementation', ['auto', 'fused'])
+def test_tensor_peak_holds_the_saved_activations(implementation):
+    """At the end of the forward every saved activation is alive, and at
+    the end of the backward every weight's gradient, so the step's
+    high-water mark is at least either, for the compiled kernels' tensors
+    (allocated in C++) as for PyTorch's; and it is the same in a second
+    step: a count of bytes, not of the allocator's state."""
+    torch.manual_seed(0)
+    model = KCLAResNet(depth=18, kcla_implementation=implementation)
+    model.train()
+    # Large enough that the activations outweigh the gradients.
+    x = torch.randn(2, 3, 320, 320)
+    saved = saved_activation_bytes(model, x)
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+    peak = train_step_allocated_peak(model, x)
+    assert peak > saved > 1.5 * gradients, (saved, gradients, peak)
+    assert train_step_allocated_peak(model, x) == peak
+    assert all(p.grad is None for p in model.parameters())
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 # Copyright (c) kcla_mm contributors. Licensed under the Apache License 2.0.
 """KCLAResNet against mmdet's ResNet of the same depth: latency, the
-activation memory of a train step and its peak memory growth.
+activation memory of a train step and its peak memory growth (of the
+tensors, and on the CPU of the process's resident set).
 
 The models are measured in one run, alternating iteration by iteration
 (:func:`kcla_mm.analysis.timing.alternating_times`) so that machine noise
@@ -24,7 +25,7 @@ from mmdet.models.backbones import ResNet
 from torch import Tensor
 
 from ..models import KCLAResNet
-from .complexity import saved_activation_bytes
+from .complexity import saved_activation_bytes, train_step_allocated_peak
 from .timing import alternating_times, eval_step, train_step
 
 MODES = ('eval', 'train')
@@ -285,8 +286,18 @@ def measure_one(name: str,
                 official: Optional[str] = None) -> Dict[str, Optional[int]]:
     """Memory of one train step of one model in this process (meant to be
     fresh, see the comment above): ``{'activation': saved-tensor bytes,
-    weights excluded, 'peak_growth': bytes or None where it cannot be
-    measured}``."""
+    weights excluded, 'peak_allocated': the high-water mark of the bytes
+    held by tensors above their level before the step, 'peak_growth': the
+    resident set's high-water mark above its level before the step, or
+    None where it cannot be measured}``.
+
+    On CUDA ``'peak_allocated'`` is ``torch.cuda.max_memory_allocated`` of
+    the step and ``'peak_growth'`` None (the process's resident set is not
+    the GPU's memory). On the CPU the resident set is read in the first
+    step, before anything else has run in the process, and the tensors'
+    high-water mark in a second step
+    (:func:`kcla_mm.analysis.complexity.train_step_allocated_peak`), whose
+    profiler would add its own records to the resident set."""
     if threads > 0:
         torch.set_num_threads(threads)
     memory_format = (
@@ -309,10 +320,13 @@ def measure_one(name: str,
     growth = None
     if cuda:
         torch.cuda.synchronize()
-        growth = torch.cuda.max_memory_allocated() - before
-    elif peak:
-        growth = peak_rss() - before
-    return dict(activation=activation, peak_growth=growth)
+        allocated = torch.cuda.max_memory_allocated() - before
+    else:
+        if peak:
+            growth = peak_rss() - before
+        allocated = train_step_allocated_peak(model, x)
+    return dict(
+        activation=activation, peak_allocated=allocated, peak_growth=growth)
 
 
 def train_step_memory_in_subprocess(
@@ -352,8 +366,9 @@ def median_memory(
     """Per key, the median of one model's :func:`measure_one` results from
     several fresh processes (the lower middle one of an even count, so a
     byte count stays one that was measured); None where any is None. The
-    activation bytes are the same in every process; the peak growth, an
-    RSS high-water mark, moves by some percent between processes."""
+    activation bytes and the tensors' peak are the same in every process;
+    the peak growth, an RSS high-water mark, moves by some percent between
+    processes."""
     if not samples:
         raise ValueError('median_memory needs at least one measurement')
     medians: Dict[str, Optional[int]] = {}

@@ -136,6 +136,55 @@ def inference_state_bytes(model: nn.Module, inputs: Tensor) -> int:
     return max(sizes, default=0)
 
 
+def train_step_allocated_peak(model: nn.Module, inputs: Tensor) -> int:
+    """The high-water mark of the bytes held by tensors during one train
+    step (forward and backward in the model's current mode) on the CPU,
+    above their level before the step: the CPU counterpart of
+    ``torch.cuda.max_memory_allocated``, read from ``torch.profiler``'s
+    allocation records (torch 2.1 has them too). It counts the
+    activations, the temporaries of forward and backward and the weights'
+    gradients the step allocates (set to None before it), and not what the
+    C allocator keeps of freed memory, which a resident set's high-water
+    mark also holds. Scratch memory that compiled code takes outside
+    torch's allocator (a kernel's per-thread buffers) is not counted.
+
+    Raises:
+        ValueError: ``inputs`` are not on the CPU.
+    """
+    if inputs.device.type != 'cpu':
+        raise ValueError('train_step_allocated_peak measures the CPU; '
+                         f'inputs are on {inputs.device} (use '
+                         'torch.cuda.max_memory_allocated there)')
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+    model.zero_grad(set_to_none=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+        outs = model(inputs)
+        sum(o.float().mean() for o in outs).backward()
+        del outs
+    model.zero_grad(set_to_none=True)
+
+    changes: List[Tuple[int, int]] = []  # (time in ns, bytes; < 0 freed)
+
+    def visit(event) -> None:
+        if event.typed[0] == _EventType.Allocation:
+            fields = event.typed[1]
+            if fields.device.type == 'cpu':
+                changes.append((event.start_time_ns, fields.alloc_size))
+        for child in event.children:
+            visit(child)
+
+    for root in p.profiler.kineto_results.experimental_event_tree():
+        visit(root)
+    # A stable sort: records of one instant keep the order they were made.
+    changes.sort(key=lambda change: change[0])
+    held = peak = 0
+    for _, size in changes:
+        held += size
+        peak = max(peak, held)
+    return peak
+
+
 def train_step_peak_bytes(model: nn.Module, inputs: Tensor) -> int:
     """Peak memory of one train step (forward and backward) on the inputs'
     device, as torch's ``MemTracker`` accounts it: parameters, buffers,

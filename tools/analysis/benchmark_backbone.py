@@ -17,13 +17,16 @@ forward of 1x3x800x1216 and a train step of 2x3x512x512 with
 ``--eval-batch``, ``--train-batch`` and ``--size`` override those sizes.
 
 Memory rows (with the train mode): the activation memory of a train step
-(the bytes autograd saves for backward, weights excluded) and the peak
-memory growth of the step (the resident set's high-water mark above its
-level before the step, with the weights' gradients and temporaries), each
-model measured in a fresh process (see :mod:`kcla_mm.analysis.benchmark`),
-``--memory-repeats`` times (3 by default), the models alternating: the
-rows show the medians, since one process's peak growth moves by some
-percent.
+(the bytes autograd saves for backward, weights excluded); the peak tensor
+memory of the step (the high-water mark of the bytes held by tensors above
+their level before the step: activations, temporaries and the weights'
+gradients; ``torch.cuda.max_memory_allocated`` on CUDA); and on the CPU
+the peak RSS growth of the step (the resident set's high-water mark above
+its level before the step: the tensors' peak and what glibc's malloc keeps
+of freed memory). Each model is measured in a fresh process (see
+:mod:`kcla_mm.analysis.benchmark`), ``--memory-repeats`` times (3 by
+default), the models alternating: the rows show the medians, since one
+process's RSS growth moves by some percent.
 
 ``--keep-freed-memory`` re-runs the script with glibc's malloc told to keep
 freed blocks instead of returning them to the OS (mmap threshold at its
@@ -265,7 +268,8 @@ def run_section(args, depth, setting, threads, memory_format):
                                                     args.official))
         memory = {name: median_memory(samples[name]) for name in names}
         for key, label in (('activation', 'activation memory'),
-                           ('peak_growth', 'peak memory growth')):
+                           ('peak_allocated', 'peak tensor memory'),
+                           ('peak_growth', 'peak RSS growth')):
             base = memory['resnet'][key]
             ratios = {
                 c: memory[c][key] / base
@@ -298,9 +302,10 @@ def main(argv=None):
           ('keeping freed memory' if args.keep_freed_memory else 'defaults') +
           f', medians of {args.repeats} after {args.warmup} warm-up; '
           'ResNet: ms per eval forward / train step, MiB of activation '
-          'memory (saved for backward, weights excluded) / peak RSS growth '
-          f'of a train step (median of {args.memory_repeats} fresh '
-          'process(es) per model); other columns: ratio to ResNet')
+          'memory (saved for backward, weights excluded) / peak tensor '
+          'memory / peak RSS growth of a train step (median of '
+          f'{args.memory_repeats} fresh process(es) per model); other '
+          'columns: ratio to ResNet')
     for depth in args.depth:
         for setting in args.settings:
             for threads in args.threads:

@@ -13,7 +13,7 @@ PRETRAIN_CONFIG := configs/kcla/demo/kcla-r18_1xb32_synthetic-imagenet.py
 PRETRAIN_DATA := data/synthetic_imagenet
 PRETRAIN_WORK := work_dirs/demo_pretrain
 
-.PHONY: setup setup-compat demo demo-pretrain test test-quick test-no-extension test-compat test-gpu lint bench backbone-summary
+.PHONY: setup setup-compat demo demo-pretrain test test-quick test-no-extension test-compat test-gpu test-gpu-compat lint bench backbone-summary
 
 setup:
 	bash scripts/setup_venv.sh main
@@ -65,10 +65,19 @@ test-compat: setup-compat
 	$(PY_COMPAT) -m pytest tests -q
 
 # The GPU lane: only the tests marked cuda (tests/test_cuda.py), on a
-# machine with CUDA; without it they skip, naming the reason (-rs).
-# `make test` collects them too (they skip there on a CPU machine).
+# machine with CUDA, on the main stack (test-gpu) or the torch 2.1.2 one
+# (test-gpu-compat, whose PyPI torch has CUDA 12.1). `make test` collects
+# them too and skips them on a CPU machine; the lane itself refuses to
+# start where its torch sees no GPU (a CPU build of torch, no driver),
+# since every test would skip and the lane would pass having run nothing.
+REQUIRE_CUDA = -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make $@: torch " + torch.__version__ + " (CUDA " + str(torch.version.cuda) + ") sees no GPU, so every test of the GPU lane would skip")'
 test-gpu: setup
+	$(PY) $(REQUIRE_CUDA)
 	$(PY) -m pytest tests -q -m cuda -rs
+
+test-gpu-compat: setup-compat
+	$(PY_COMPAT) $(REQUIRE_CUDA)
+	$(PY_COMPAT) -m pytest tests -q -m cuda -rs
 
 # flake8, isort and yapf with the OpenMMLab settings of setup.cfg (the
 # checks of .pre-commit-config.yaml). `isort` and `yapf -i -r` fix in place.

@@ -381,3 +381,23 @@ def test_wheel_builds_serial_kernels_without_openmp(tmp_path):
         archive.extract(name, tmp_path / 'unpacked')
     _, undefined = dynamic_symbols(tmp_path / 'unpacked' / name)
     assert 'GOMP_parallel' not in undefined
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason='a GPU is visible: there the lane runs (make test-gpu), and this '
+    'test checks its refusal where none is')
+def test_gpu_lane_refuses_to_pass_without_a_gpu():
+    """Without a GPU every test of the lane would skip and pytest would
+    exit 0: the lane of this interpreter's stack stops before pytest,
+    saying why."""
+    target = {'main': 'test-gpu', 'torch21': 'test-gpu-compat'}
+    result = subprocess.run(
+        ['make', '--no-print-directory', target[running_stack()]],
+        capture_output=True,
+        text=True,
+        cwd=ROOT)
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert 'sees no GPU, so every test of the GPU lane would skip' in \
+        result.stderr, result.stderr[-2000:]
+    assert '-m pytest' not in result.stdout

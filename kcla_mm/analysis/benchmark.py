@@ -209,24 +209,6 @@ def time_modes(
     return results
 
 
-def train_step_memory(models: Dict[str, nn.Module],
-                      x_train: Tensor,
-                      device: str = 'cpu') -> Dict[str, int]:
-    """Activation bytes of one train step of each model
-    (:func:`kcla_mm.analysis.complexity.saved_activation_bytes`) and, on
-    CUDA, the peak allocated bytes as ``<name>_peak``."""
-    cuda = device.startswith('cuda')
-    memory = {}
-    for name, model in models.items():
-        model.train()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        memory[name] = saved_activation_bytes(model, x_train)
-        if cuda:
-            memory[name + '_peak'] = torch.cuda.max_memory_allocated()
-    return memory
-
-
 # Peak memory growth of a train step on the CPU: the process's resident set
 # high-water mark (VmHWM) minus its resident set (VmRSS) just before the
 # step. Writing 5 to /proc/self/clear_refs (Linux 4.0+) resets VmHWM to the
@@ -292,8 +274,8 @@ def measure_one(name: str,
     None where it cannot be measured}``.
 
     On CUDA ``'peak_allocated'`` is ``torch.cuda.max_memory_allocated`` of
-    the step and ``'peak_growth'`` None (the process's resident set is not
-    the GPU's memory). On the CPU the resident set is read in the first
+    a second step and ``'peak_growth'`` None (the process's resident set is
+    not the GPU's memory). On the CPU the resident set is read in the first
     step, before anything else has run in the process, and the tensors'
     high-water mark in a second step
     (:func:`kcla_mm.analysis.complexity.train_step_allocated_peak`), whose
@@ -311,6 +293,12 @@ def measure_one(name: str,
     cuda = device.startswith('cuda')
     peak = can_measure_peak_rss() and not cuda
     if cuda:
+        # The first step allocates what the process then keeps (cuBLAS's
+        # workspace, up to 32 MiB, taken only by a model that runs a
+        # matmul): the second is measured, as the CPU's tensor peak is.
+        saved_activation_bytes(model, x)
+        model.zero_grad(set_to_none=True)
+        gc.collect()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()

@@ -296,7 +296,7 @@ def measure_one(name: str,
         # The first step allocates what the process then keeps (cuBLAS's
         # workspace, up to 32 MiB, taken only by a model that runs a
         # matmul): the second is measured, as the CPU's tensor peak is.
-        saved_activation_bytes(model, x)
+        train_step(x)(model)
         model.zero_grad(set_to_none=True)
         gc.collect()
         torch.cuda.synchronize()

@@ -407,6 +407,12 @@ def test_profile_kcla_prints_the_phases_beside_resnet():
             r'KCLA [\d.]+ ms, ratio [\d.]+', log), log
     assert 'state update + branch, C++ backward' in log, log
     assert 'not in a phase' in log
+    # one line per mode; a train step allocates fresh gradients
+    faults = re.findall(
+        r'minor page faults per step \(median\): ResNet (\d+) \(([\d.]+) ms '
+        r'system CPU\), KCLA (\d+) \(([\d.]+) ms system CPU\)', log)
+    assert len(faults) == 2, log
+    assert int(faults[1][0]) > 0 and int(faults[1][2]) > 0, log
 
 
 @pytest.mark.slow

@@ -10,12 +10,20 @@ torch.profiler, which times its layers' ``kcla::`` phase labels
 mode: the median step times, and each phase's mean milliseconds per step
 and share of ResNet's step. "not in a phase" is the KCLA step's median
 minus ResNet's minus the phases: the autograd engine's work on the pooled
-vectors, the layers' Python, and noise. It asserts nothing.
+vectors, the layers' Python, the page faults of freshly mapped tensors, and
+noise. Each model's median minor page faults and system CPU time per timed
+step are printed beside it (getrusage, the whole process), since a step's
+fresh tensors cost page faults at any thread count. It asserts nothing.
 """
 import argparse
 import logging
 import statistics
 import time
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
 
 import torch
 from mmengine.logging import MMLogger
@@ -67,27 +75,48 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def _usage():
+    """(minor page faults, system CPU seconds) of the process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt, usage.ru_stime
+
+
 def profile_mode(models, step, warmup, repeats):
-    """(ResNet seconds, KCLA seconds, {phase: seconds per step})."""
+    """(ResNet seconds, KCLA seconds, {phase: seconds per step}, {model:
+    (median minor page faults, median system CPU seconds) per step}, the
+    latter empty where getrusage is missing)."""
     for _ in range(warmup):
         for model in models.values():
             step(model)
     times = {name: [] for name in models}
+    usages = {name: [] for name in models}
     phases = {}
+
+    def timed(name):
+        before = _usage() if resource is not None else None
+        start = time.perf_counter()
+        step(models[name])
+        times[name].append(time.perf_counter() - start)
+        if before is not None:
+            after = _usage()
+            usages[name].append((after[0] - before[0], after[1] - before[1]))
+
     for _ in range(repeats):
-        start = time.perf_counter()
-        step(models['resnet'])
-        times['resnet'].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        step(models['kcla'])
-        times['kcla'].append(time.perf_counter() - start)
+        timed('resnet')
+        timed('kcla')
         # The profiler slows the step: its phases are timed in another run.
         with timed_phases() as totals:
             step(models['kcla'])
         for label, seconds in totals.items():
             phases[label] = phases.get(label, 0.0) + seconds / repeats
+    faults = {}
+    for name, usage in usages.items():
+        if usage:
+            counts, seconds = zip(*usage)
+            faults[name] = (statistics.median(counts),
+                            statistics.median(seconds))
     return (statistics.median(times['resnet']),
-            statistics.median(times['kcla']), phases)
+            statistics.median(times['kcla']), phases, faults)
 
 
 def main(argv=None):
@@ -114,8 +143,8 @@ def main(argv=None):
         if mode not in args.modes:
             continue
         x = inputs[mode]
-        base, kcla, phases = profile_mode(models, steps[mode](x), args.warmup,
-                                          args.repeats)
+        base, kcla, phases, faults = profile_mode(models, steps[mode](x),
+                                                  args.warmup, args.repeats)
         shape = 'x'.join(map(str, x.shape))
         print(f'\n{mode} ({shape}, median of {args.repeats}): ResNet '
               f'{base * 1e3:.1f} ms, KCLA {kcla * 1e3:.1f} ms, ratio '
@@ -127,6 +156,11 @@ def main(argv=None):
         rest = kcla - base - sum(phases.values())
         print(f'  {"not in a phase (autograd, Python, noise)":<56} '
               f'{rest * 1e3:8.1f} {100 * rest / base:11.1f}%')
+        if faults:
+            print('  minor page faults per step (median): ' + ', '.join(
+                f'{label} {faults[name][0]:.0f} ({faults[name][1] * 1e3:.1f} '
+                'ms system CPU)'
+                for name, label in (('resnet', 'ResNet'), ('kcla', 'KCLA'))))
 
 
 if __name__ == '__main__':

@@ -10,10 +10,11 @@ torch.profiler, which times its layers' ``kcla::`` phase labels
 mode: the median step times, and each phase's mean milliseconds per step
 and share of ResNet's step. "not in a phase" is the KCLA step's median
 minus ResNet's minus the phases: the autograd engine's work on the pooled
-vectors, the layers' Python, the page faults of freshly mapped tensors, and
-noise. Each model's median minor page faults and system CPU time per timed
-step are printed beside it (getrusage, the whole process), since a step's
-fresh tensors cost page faults at any thread count. It asserts nothing.
+vectors, the layers' Python, page faults outside the phases (a phase's own
+count in its time), and noise. Each model's median minor page faults and
+system CPU time per timed step are printed beside it (getrusage, the whole
+process), since a step's fresh tensors cost page faults at any thread
+count. It asserts nothing.
 """
 import argparse
 import logging

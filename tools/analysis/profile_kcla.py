@@ -155,8 +155,8 @@ def main(argv=None):
             print(f'  {label:<56} {seconds * 1e3:8.1f} '
                   f'{100 * seconds / base:11.1f}%')
         rest = kcla - base - sum(phases.values())
-        print(f'  {"not in a phase (autograd, Python, noise)":<56} '
-              f'{rest * 1e3:8.1f} {100 * rest / base:11.1f}%')
+        label = 'not in a phase (autograd, Python, page faults, noise)'
+        print(f'  {label:<56} {rest * 1e3:8.1f} {100 * rest / base:11.1f}%')
         if faults:
             print('  minor page faults per step (median): ' + ', '.join(
                 f'{label} {faults[name][0]:.0f} ({faults[name][1] * 1e3:.1f} '

@@ -12,7 +12,8 @@ import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 
-from kcla_mm.analysis.benchmark import can_measure_peak_rss, median_memory
+from kcla_mm.analysis.benchmark import (can_measure_peak_rss, load_official,
+                                        median_memory)
 from kcla_mm.analysis.complexity import (saved_activation_bytes,
                                          train_step_allocated_peak)
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
@@ -100,24 +101,102 @@ def test_benchmark_backbone_parses_lists_and_settings(benchmark_tool):
                                                          (2, 3, 64, 64)]
 
 
-@pytest.mark.parametrize('argv, message', [
-    (['--setting', 'coco'], "--setting/--settings: invalid choice: 'coco'"),
-    (['--threads', '1', '-2'], '--threads -2: not an integer >= 0'),
-    (['--threads', 'all'], '--threads all: not an integer >= 0'),
-    (['--depth', '42'], '--depth: invalid choice: 42'),
-    (['--implementations', 'fast'], "invalid choice: 'fast'"),
-    (['--memory-repeats', '0'], '--memory-repeats 0: not an integer >= 1'),
-    (['--size', '-5'], '--size -5: not an integer >= 1'),
-    (['--repeats', 'many'], '--repeats many: not an integer >= 1'),
-    (['--official', 'no/such/kcla_resnet.py'
-      ], '--official no/such/kcla_resnet.py: no such file'),
-])
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (['--setting', 'coco'
+          ], "--setting/--settings: invalid choice: 'coco'"),
+        (['--threads', '1', '-2'], '--threads -2: not an integer >= 0'),
+        (['--threads', 'all'], '--threads all: not an integer >= 0'),
+        (['--depth', '42'], '--depth: invalid choice: 42'),
+        (['--implementations', 'fast'], "invalid choice: 'fast'"),
+        (['--memory-repeats', '0'], '--memory-repeats 0: not an integer >= 1'),
+        (['--size', '-5'], '--size -5: not an integer >= 1'),
+        (['--repeats', 'many'], '--repeats many: not an integer >= 1'),
+        (['--official', 'no/such/kcla_resnet.py'
+          ], '--official no/such/kcla_resnet.py: no such file'),
+        (['--device', 'foo'], "--device foo: not 'cpu', 'cuda' or 'cuda:N'"),
+        (['--device', 'meta'], "--device meta: not 'cpu', 'cuda' or 'cuda:N'"),
+        # No CUDA here, or fewer than 100 devices: either way refused up front.
+        (['--device', 'cuda:99'], '--device cuda:99: '),
+        (['--implementations', 'auto', 'compiled', '--channels-last'
+          ], '--implementations compiled: the compiled kernels take NCHW CPU '
+         "tensors only, not --channels-last ('auto' runs 'fused' there)"),
+        (['--implementations', 'compiled+keep-outputs', '--channels-last'
+          ], '--implementations compiled+keep-outputs: the compiled kernels'),
+    ])
 def test_benchmark_backbone_rejects_bad_options(benchmark_tool, capsys, argv,
                                                 message):
     with pytest.raises(SystemExit) as error:
         benchmark_tool.parse_args(argv)
     assert error.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_benchmark_backbone_refuses_compiled_without_the_kernels(
+        benchmark_tool, capsys, monkeypatch):
+    """With the kernels turned off, a 'compiled' column is refused before
+    anything runs, naming the option and the switch."""
+    monkeypatch.setenv('KCLA_MM_NO_EXTENSION', '1')
+    assert benchmark_tool.parse_args(['--implementations', 'auto'])
+    with pytest.raises(SystemExit):
+        benchmark_tool.parse_args(['--implementations', 'compiled'])
+    assert ('--implementations compiled: the compiled kernels are not built '
+            'for this torch or are turned off (KCLA_MM_NO_EXTENSION)'
+            in capsys.readouterr().err)
+
+
+OFFICIAL_50 = """
+def resnet18_kcla():  # the official file's: 4 Bottleneck blocks
+    raise AssertionError('not to be built')
+
+def resnet50_kcla():
+    raise AssertionError('not to be built while parsing')
+"""
+
+
+@pytest.mark.parametrize('depths, message', [
+    (['18'], '--official compares at --depth 50 and 101 only (the official '
+     "file's model of another depth is not mmdet's ResNet of that depth), "
+     'not at 18'),
+    (['50', '101', '152'], 'not at 152'),
+    (['50', '101'], 'has no resnet101_kcla() (it has: resnet18_kcla, '
+     'resnet50_kcla)'),
+])
+def test_benchmark_backbone_checks_the_official_file_up_front(
+        tmp_path, benchmark_tool, capsys, depths, message):
+    """A depth the official file cannot give is refused while parsing,
+    before the first section runs, and without running the file."""
+    official = tmp_path / 'kcla_resnet.py'
+    official.write_text(OFFICIAL_50)
+    assert benchmark_tool.parse_args(
+        ['--depth', '50', '--official',
+         str(official)]).official
+    with pytest.raises(SystemExit):
+        benchmark_tool.parse_args(
+            ['--depth', *depths, '--official',
+             str(official)])
+    assert message in capsys.readouterr().err
+    (tmp_path / 'broken.py').write_text('def resnet50_kcla(:\n')
+    with pytest.raises(SystemExit):
+        benchmark_tool.parse_args(
+            ['--depth', '50', '--official',
+             str(tmp_path / 'broken.py')])
+    assert 'broken.py: not a Python file' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_benchmark_backbone_keep_freed_memory_reruns_main_argv():
+    """``main(argv)`` called from other code re-runs the tool with argv
+    under glibc's settings, not the caller's command line (here ``python
+    -c``, which cannot be re-run)."""
+    code = ('import sys; sys.path.insert(0, "tests"); '
+            'from helpers import load_tool; '
+            f'load_tool({BENCHMARK!r}).main({[*TINY, "--modes", "eval"]!r} '
+            '+ ["--keep-freed-memory"])')
+    log = output_of(sys.executable, '-c', code)
+    assert 'NCHW, malloc keeping freed memory' in log, log
+    assert list(benchmark_tables(log)) == [('imagenet', 1)], log
 
 
 def test_benchmark_backbone_quick_eval_table(benchmark_tool, capsys):
@@ -275,8 +354,8 @@ def test_benchmark_backbone_measures_both_memory_settings():
 OFFICIAL_STAND_IN = """
 import torch.nn as nn
 
-def resnet18_kcla():
-    print('Constructing resnet18_kcla......')  # as the official file does
+def resnet50_kcla():
+    print('Constructing resnet50_kcla......')  # as the official file does
     return nn.Sequential(nn.Conv2d(3, 8, 3, stride=4), nn.BatchNorm2d(8),
                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                          nn.Linear(8, 10))
@@ -295,7 +374,8 @@ def test_benchmark_backbone_adds_the_official_file(tmp_path, benchmark_tool,
     official = tmp_path / 'kcla_resnet.py'
     official.write_text(OFFICIAL_STAND_IN)
     benchmark_tool.main([
-        *TINY, '--setting', 'imagenet', 'detection', '--official',
+        *TINY[2:], '--depth', '50', '--setting', 'imagenet', 'detection',
+        '--official',
         str(official)
     ])
     out = capsys.readouterr().out
@@ -308,12 +388,12 @@ def test_benchmark_backbone_adds_the_official_file(tmp_path, benchmark_tool,
     for row in ROWS[1:]:
         assert detection[row][1][-1] is None, detection
     assert 'official: no frozen stages or norm_eval' in out
+    # The library's loader, called without the tool's checks, names the
+    # missing function too.
     with pytest.raises(ValueError) as error:
-        benchmark_tool.main(
-            [*TINY[2:], '--depth', '50', '--official',
-             str(official)])
-    assert f'--official {official} has no resnet50_kcla() for depth 50 ' \
-        '(it has: resnet18_kcla)' in str(error.value)
+        load_official(str(official), 101)
+    assert f'--official {official} has no resnet101_kcla() for depth 101 ' \
+        '(it has: resnet50_kcla)' in str(error.value)
 
 
 # The phases each implementation's train step and eval forward label.

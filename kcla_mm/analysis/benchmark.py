@@ -10,6 +10,7 @@ hits them alike. Speed is a measurement, not a test: nothing here asserts.
 Memory is measured per model in a fresh process
 (:func:`train_step_memory_in_subprocess`, this module run with ``-m``).
 """
+import ast
 import gc
 import importlib.util
 import json
@@ -34,10 +35,10 @@ MODES = ('eval', 'train')
 #: of a train step, and the backbone arguments of the train step (the same
 #: for every model). 'imagenet': the classification recipe's crops, every
 #: BN learning and updating its statistics. 'detection': an 800x1216 image
-#: (the 1333x800 resize of a 4:3 COCO image, padded to 32) in eval and
-#: 512x512 crops at batch 2 in training, with the backbone arguments of
-#: mmdet's Faster R-CNN configs (stem and stage 1 frozen, BN statistics
-#: frozen).
+#: (the 1333x800 resize of a 3:2 COCO image such as 640x427, 1199x800,
+#: padded to 32) in eval and 512x512 crops at batch 2 in training, with the
+#: backbone arguments of mmdet's Faster R-CNN configs (stem and stage 1
+#: frozen, BN statistics frozen).
 SETTINGS = {
     'imagenet':
     dict(
@@ -58,13 +59,49 @@ DEPTHS = tuple(sorted(ResNet.arch_settings))
 #: settings).
 TRAIN_SETTINGS = {name: s['backbone'] for name, s in SETTINGS.items()}
 
+#: The depths the official model is compared at: ``imagenet/kcla_resnet.py``
+#: of github bgx666/KCLA builds ResNet-50 and -101; its ``resnet18_kcla`` is
+#: four Bottleneck blocks, not ResNet-18's eight basic ones.
+OFFICIAL_DEPTHS = (50, 101)
+
 
 def official_constructor_name(depth: int) -> str:
-    """The function of the official file that builds ``depth``:
-    ``imagenet/kcla_resnet.py`` of github bgx666/KCLA defines
-    ``resnet50_kcla`` and ``resnet101_kcla`` (and a 4-block
-    ``resnet18_kcla`` that is not ResNet-18)."""
+    """The function of the official file that builds ``depth`` (one of
+    :data:`OFFICIAL_DEPTHS`): ``resnet50_kcla``, ``resnet101_kcla``."""
     return f'resnet{depth}_kcla'
+
+
+def official_file_problem(path: str, depths: Sequence[int]) -> Optional[str]:
+    """Why ``path`` cannot give the official model at every one of
+    ``depths`` (the message names ``--official``), or None. Reads the
+    file's top-level functions without running it, so that a bad option
+    is refused before the first measurement."""
+    if not osp.isfile(path):
+        return f'--official {path}: no such file'
+    unmatched = sorted(set(depths) - set(OFFICIAL_DEPTHS))
+    if unmatched:
+        return (f'--official compares at --depth 50 and 101 only (the '
+                f"official file's model of another depth is not mmdet's "
+                f'ResNet of that depth), not at '
+                f'{", ".join(map(str, unmatched))}')
+    try:
+        with open(path, encoding='utf-8') as f:
+            tree = ast.parse(f.read(), filename=path)
+    except (SyntaxError, UnicodeDecodeError) as error:
+        return f'--official {path}: not a Python file ({error})'
+    defined = {
+        node.name
+        for node in tree.body if isinstance(node, ast.FunctionDef)
+    }
+    missing = [
+        official_constructor_name(d) for d in depths
+        if official_constructor_name(d) not in defined
+    ]
+    if missing:
+        found = sorted(n for n in defined if n.endswith('_kcla'))
+        return (f'--official {path} has no {"(), ".join(missing)}() (it '
+                f'has: {", ".join(found) or "none"})')
+    return None
 
 
 def load_official(path: str, depth: int) -> nn.Module:

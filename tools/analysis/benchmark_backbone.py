@@ -48,10 +48,11 @@ import torch
 from mmengine.logging import MMLogger
 
 from kcla_mm.analysis.benchmark import (DEPTHS, SETTINGS, build_models,
-                                        median_memory, official_has_setting,
-                                        time_modes,
+                                        median_memory, official_file_problem,
+                                        official_has_setting, time_modes,
                                         train_step_memory_in_subprocess)
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
+from kcla_mm.models.layers.kcla.compiled import NO_EXTENSION_ENV, extension
 from kcla_mm.utils.cli import int_at_least
 
 # torch's default intra-op thread count (all cores), what --threads 0 means.
@@ -104,9 +105,9 @@ def parse_args(argv=None):
         metavar='FILE',
         help='also measure the official model: your copy of '
         'imagenet/kcla_resnet.py of github bgx666/KCLA (resnet50_kcla, '
-        'resnet101_kcla; fc removed), in the same interleaved run; it has '
-        'no frozen stages, so its train step and memory only in the '
-        "'imagenet' setting")
+        'resnet101_kcla; fc removed; --depth 50 and 101 only), in the same '
+        'interleaved run; it has no frozen stages, so its train step and '
+        "memory only in the 'imagenet' setting")
     parser.add_argument(
         '--eval-batch',
         type=int_at_least('--eval-batch', 1),
@@ -126,7 +127,12 @@ def parse_args(argv=None):
         help='timed iterations per model and mode')
     parser.add_argument(
         '--warmup', type=int_at_least('--warmup', 0), default=3)
-    parser.add_argument('--device', default='cpu')
+    parser.add_argument(
+        '--device',
+        default='cpu',
+        help="'cpu' or 'cuda' ('cuda:N'): the models' and inputs' device; "
+        'on CUDA the peak tensor memory is torch.cuda.max_memory_allocated '
+        "and the RSS row '-'")
     parser.add_argument(
         '--no-memory',
         action='store_true',
@@ -154,9 +160,44 @@ def parse_args(argv=None):
         default=['eval', 'train'],
         choices=['eval', 'train'])
     args = parser.parse_args(argv)
-    if args.official is not None and not osp.isfile(args.official):
-        parser.error(f'--official {args.official}: no such file')
+    if args.official is not None:
+        problem = official_file_problem(args.official, args.depth)
+        if problem is not None:
+            parser.error(problem)
+    problem = device_problem(args.device)
+    if problem is not None:
+        parser.error(problem)
+    compiled = [i for i in args.implementations if i.startswith('compiled')]
+    if compiled and (args.channels_last or args.device != 'cpu'):
+        parser.error(
+            f'--implementations {compiled[0]}: the compiled kernels take '
+            'NCHW CPU tensors only, not ' +
+            ('--channels-last' if args.
+             channels_last else f'--device {args.device}') +
+            " ('auto' runs 'fused' there)")
+    if compiled and extension() is None:
+        parser.error(f'--implementations {compiled[0]}: the compiled kernels '
+                     'are not built for this torch or are turned off '
+                     f'({NO_EXTENSION_ENV}); see docs/install.md')
     return args
+
+
+def device_problem(device):
+    """Why ``--device device`` cannot run here, or None."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in ('cpu', 'cuda'):
+        return f"--device {device}: not 'cpu', 'cuda' or 'cuda:N'"
+    if parsed.type == 'cuda':
+        if not torch.cuda.is_available():
+            return f'--device {device}: CUDA is not available to this torch'
+        if parsed.index is not None and \
+                parsed.index >= torch.cuda.device_count():
+            return (f'--device {device}: this machine has '
+                    f'{torch.cuda.device_count()} CUDA device(s)')
+    return None
 
 
 # Values glibc reads only at process start, hence the re-run. 32 MiB is the
@@ -288,7 +329,12 @@ def main(argv=None):
     args = parse_args(argv)
     if args.keep_freed_memory and any(
             os.environ.get(k) != v for k, v in KEEP_FREED_MEMORY_ENV.items()):
-        os.execve(sys.executable, [sys.executable] + sys.argv, {
+        # This file with main's own arguments: sys.argv is the caller's
+        # command line where main(argv) is called from other code.
+        os.execve(sys.executable, [
+            sys.executable,
+            osp.abspath(__file__), *(sys.argv[1:] if argv is None else argv)
+        ], {
             **os.environ,
             **KEEP_FREED_MEMORY_ENV
         })
@@ -301,11 +347,12 @@ def main(argv=None):
           ('channels_last, ' if args.channels_last else 'NCHW, ') + 'malloc ' +
           ('keeping freed memory' if args.keep_freed_memory else 'defaults') +
           f', medians of {args.repeats} after {args.warmup} warm-up; '
-          'ResNet: ms per eval forward / train step, MiB of activation '
-          'memory (saved for backward, weights excluded) / peak tensor '
-          'memory / peak RSS growth of a train step (median of '
-          f'{args.memory_repeats} fresh process(es) per model); other '
-          'columns: ratio to ResNet')
+          'ResNet: ms per eval forward / train step' +
+          ('' if args.no_memory or 'train' not in args.modes else
+           ', MiB of activation memory (saved for backward, weights '
+           'excluded) / peak tensor memory / peak RSS growth of a train '
+           f'step (median of {args.memory_repeats} fresh process(es) per '
+           'model)') + '; other columns: ratio to ResNet')
     for depth in args.depth:
         for setting in args.settings:
             for threads in args.threads:

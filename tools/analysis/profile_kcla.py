@@ -37,7 +37,9 @@ from kcla_mm.utils.cli import int_at_least
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # The docstring's first sentence, which spans two lines.
+    parser = argparse.ArgumentParser(
+        description=' '.join(__doc__.split('\n\n')[0].split()))
     parser.add_argument('--depth', type=int, default=50, choices=DEPTHS)
     parser.add_argument(
         '--threads',

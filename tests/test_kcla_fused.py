@@ -14,14 +14,14 @@ from kcla_mm.models.layers.attention_branch import (adapt_state,
                                                     build_state_adapter,
                                                     scaled_adapt)
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS, STATE_EPS
-from kcla_mm.models.layers.kcla.compiled import compiled_unmet
+from kcla_mm.models.layers.kcla.compiled import compiled_unmet, extension
 from kcla_mm.models.layers.kcla.fused import (folded_renormalise, folded_value,
                                               folds_renormalise, fused_forward,
                                               fused_query_key,
                                               fused_renormalise)
 from kcla_mm.models.layers.kcla.recompute import recomputed_forward
 from helpers import (adapter_case, assert_close_to_max,
-                     assert_same_values_and_gradients, make_case)
+                     assert_same_values_and_gradients, gradients, make_case)
 from official_reference import randomise_
 
 CASES = ['first', 'carry', 'adapt', 'renorm']
@@ -222,6 +222,63 @@ def test_fused_inference_leaves_its_inputs_alone(float64, implementation, case,
     if state is not None:
         assert new_state.u.data_ptr() != state_in.u.data_ptr()
         assert torch.equal(state_in.u, state.u)
+
+
+# What runs between a forward and its backward. PyTorch's own eval-mode BN
+# reads its running statistics when backward runs, so 'fused' (PyTorch ops,
+# and 'compiled' without its kernels, where 'auto' runs 'fused') is held to
+# the mode flip only; the paths that replay the forward in backward are
+# held to both.
+BETWEEN = [('fused', 'mode flip'), ('recompute', 'mode flip'),
+           ('recompute', 'train forward'), ('compiled', 'mode flip'),
+           pytest.param(
+               'compiled',
+               'train forward',
+               marks=pytest.mark.skipif(
+                   extension() is None,
+                   reason='the compiled kernels are not built or '
+                   'KCLA_MM_NO_EXTENSION is set'))]
+
+
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('case', CASES)
+@pytest.mark.parametrize('path, between', BETWEEN)
+def test_the_gradient_is_of_the_forward_whatever_runs_before_backward(
+        float64, path, between, case, mode):
+    """Autograd differentiates what the forward computed: the layer put in
+    the other mode before backward ('mode flip'), or a train forward in
+    between that updates the norms' running statistics in place ('train
+    forward'), changes no gradient. The replay in backward used to read
+    the norms' mode and statistics when it ran: after a train forward and
+    ``model.eval()``, 'auto' gave a KCLA-ResNet-18 an input gradient 24
+    times too large."""
+    layer, x, state = make_case(case)
+    layer.train(mode == 'train')
+    truth = copy.deepcopy(layer)
+    x.requires_grad_()
+    inputs = [x] if state is None else [x, *state]
+    for t in inputs[1:]:
+        t.requires_grad_()
+    y, new_state = PATHS[path](layer, x, state)
+    y_ref, state_ref = truth.forward_reference(x, state)
+    refs = (y_ref, *state_ref)
+    if between == 'mode flip':
+        layer.train(mode != 'train')
+    else:
+        layer.train()
+        other_x, other_state = make_case(case)[1:]
+        layer(other_x * 3, other_state)
+        assert not torch.equal(layer.norm.running_var, truth.norm.running_var)
+        layer.train(mode == 'train')
+    grad_outputs = [torch.randn_like(t) for t in refs]
+    got = gradients((y, *new_state), inputs + list(layer.parameters()),
+                    grad_outputs)
+    want = gradients(refs, inputs + list(truth.parameters()), grad_outputs)
+    for a, b in zip((y, *new_state), refs):
+        assert_close_to_max(a, b, 1e-12)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert_close_to_max(a, b, 1e-8)
 
 
 @pytest.mark.parametrize('path', PATHS)

@@ -103,6 +103,30 @@ def test_a_second_backward_through_a_retained_graph(float64, implementation):
     assert torch.equal(first, second)
 
 
+@pytest.mark.parametrize('flip', ['train, then eval()', 'eval, then train()'])
+@pytest.mark.parametrize('implementation', LEAN)
+def test_a_mode_switch_before_backward_changes_no_gradient(
+        float64, implementation, flip):
+    """A user who calls ``model.eval()`` (or ``train()``) between a
+    forward and its backward gets the gradient of the forward, as from
+    the reference (test_kcla_fused.py has the layer-level cases)."""
+    reference, ours = pair(
+        50, drop_path=0., implementation=implementation, norm_eval=False)
+    forward_mode = flip.startswith('train')
+    x = torch.rand(2, 3, 37, 29, requires_grad=True)
+    grads = []
+    for model, switch in ((reference, False), (ours, True)):
+        model.train(forward_mode)
+        x.grad = None
+        outs = model(x)
+        if switch:
+            model.train(not forward_mode)
+        sum((o**2).mean() for o in outs).backward()
+        grads.append([x.grad] + [p.grad for p in model.parameters()])
+    for a, b in zip(*reversed(grads)):
+        assert_close_to_max(a, b, 1e-8)
+
+
 def stage_bytes(model, x):
     """Bytes of one block output per block, and of one state per stage
     (the state has the block output's shape, in fp32)."""

@@ -34,6 +34,7 @@ from ..attention_branch import (adapt_state, adapt_strided, add_branch,
                                 matmul_adapts, per_sample_weight, pooled_conv,
                                 pooled_linear, scale_branch, spatial_mean)
 from ..profiling import phase
+from .norm_replay import applies_running_statistics
 from .params import KCLAParams
 from .state import STATE_EPS, KCLAState
 
@@ -189,9 +190,8 @@ def folded_value(p: KCLAParams,
     """:meth:`KCLALayer.branch` with ``scale = gate / (Z + eps)``, of
     shape (N, heads), folded into the depthwise kernel (the gate commutes
     with the per-channel conv): ``ReLU(Norm(DWConv(U * scale)))``, reading
-    U once where possible. ``norm`` replaces ``p.norm`` where it is
-    applied as a module (the recomputing backward replays it without
-    updating running statistics).
+    U once where possible. ``norm`` replaces ``p.norm`` (the recomputing
+    backward's :class:`.NormReplay`: the norm as the forward applied it).
     """
     norm = p.norm if norm is None else norm
     n, c = u.shape[:2]
@@ -210,10 +210,10 @@ def folded_value(p: KCLAParams,
     kernel = p.split_heads(p.value_weight.view(1, c, 3, 3))
     kernel = kernel * scale[..., None, None, None]
     bias = None
-    fold_norm = is_frozen_bn(p.norm)
+    fold_norm = applies_running_statistics(norm)
     if fold_norm:
         # Eval-mode BN is a per-channel affine map: fold it in too.
-        bn_scale, bias = bn_affine(p.norm)
+        bn_scale, bias = bn_affine(norm)
         kernel = kernel * p.split_heads(bn_scale.view(1, c, 1, 1))
         bias = bias.repeat(n) if n > 1 else bias
     v = F.conv2d(

@@ -14,11 +14,11 @@ no state: a :class:`StateTape` recomputes the states of a stage from its
 start. The price is one more forward pass of the branch and of the state
 updates in each train step.
 
-The norm is replayed without touching its running statistics (a training
-BN normalises with the batch statistics, which the replay recomputes
-exactly); a SyncBN, whose replay would have to communicate again, and
-autocast, whose state the backward pass would have to restore, keep the
-fused path, as do inference and frozen layers (nothing to differentiate).
+The norm is replayed as the forward applied it, without touching its
+running statistics (:class:`.NormReplay`); a SyncBN, whose replay would
+have to communicate again, and autocast, whose state the backward pass
+would have to restore, keep the fused path, as do inference and frozen
+layers (nothing to differentiate).
 Tested against the reference in tests/test_kcla_fused.py (one layer) and
 tests/test_kcla_recompute.py (whole backbones).
 """
@@ -27,9 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import CheckpointError
 
 from ....torch_compat import (checkpoint_hooks_active, in_process_group,
@@ -41,6 +39,7 @@ from ..profiling import phase
 from .fused import (adapts_by_matmul, folded_value, fused_forward,
                     fused_query_key, fused_renormalise, gate_and_weight,
                     renormalise_strided_input)
+from .norm_replay import NormReplay
 from .params import KCLAParams, bound_tensors
 from .state import STATE_EPS, KCLAState
 
@@ -75,24 +74,20 @@ def replayable(p: KCLAParams, x: Tensor, state: Optional[KCLAState]) -> bool:
     return differentiates(p, x, state)
 
 
-def replay_norm(norm: nn.Module) -> Callable[[Tensor], Tensor]:
-    """``norm`` as a function that gives the same output and leaves its
-    running statistics alone (a training BN would update them twice)."""
-    if isinstance(norm, _BatchNorm) and norm.training:
-        return lambda v: F.batch_norm(v, None, None, norm.weight, norm.bias,
-                                      True, 0., norm.eps)
-    return norm
-
-
-def update_and_branch(p: KCLAParams, x: Tensor, u_prev: Optional[Tensor],
-                      w: Tensor, scale: Tensor, mask: Optional[Tensor],
-                      replay: bool) -> Tuple[Tensor, Tensor]:
+def update_and_branch(
+        p: KCLAParams,
+        x: Tensor,
+        u_prev: Optional[Tensor],
+        w: Tensor,
+        scale: Tensor,
+        mask: Optional[Tensor],
+        norm: Optional[NormReplay] = None) -> Tuple[Tensor, Tensor]:
     """``U^t = U^{t-1} + w X^t`` and ``X^t + mask * branch(U^t)``, the part
     of :func:`.fused_forward` that the node wraps; ``scale`` is
-    ``gate / (Z^t + eps)``."""
+    ``gate / (Z^t + eps)``; ``norm``, in the backward's replay, the norm
+    as the forward applied it."""
     with phase('state_update'):
         u = head_scaled_add(u_prev, w, x)
-    norm = replay_norm(p.norm) if replay else None
     with phase('branch'):
         out = folded_value(p, u, scale, x.dtype, norm=norm)
         out = scale_branch(out, p.branch_scale)
@@ -272,11 +267,12 @@ class RecomputedUpdate(torch.autograd.Function):
         ctx.params, ctx.tape, ctx.step = p, tape, step
         ctx.keep_prev = keep_prev
         ctx.norm_attributes = where(p.norm_attributes())
+        ctx.norm = NormReplay(p.norm)
         ctx.set_materialize_grads(False)
         tape.record(step, ctx, keep_prev)
         ctx.save_for_backward(x, u_prev if keep_prev else None, w, scale, mask,
                               *params)
-        return update_and_branch(p, x, u_prev, w, scale, mask, False)
+        return update_and_branch(p, x, u_prev, w, scale, mask)
 
     @staticmethod
     def backward(ctx, grad_x: Optional[Tensor], grad_u: Optional[Tensor]):
@@ -296,7 +292,7 @@ class RecomputedUpdate(torch.autograd.Function):
         norm_tensors = params[1:1 + len(ctx.norm_attributes)]
         with torch.enable_grad(), bound_tensors(ctx.norm_attributes,
                                                 norm_tensors):
-            outputs = update_and_branch(ctx.params, *inputs, mask, True)
+            outputs = update_and_branch(ctx.params, *inputs, mask, ctx.norm)
         with phase('backward'):
             grads = grads_of(outputs, (grad_x, grad_u), inputs + params)
         return (None, None, None, None, *grads[:4], None, *grads[4:])
@@ -324,6 +320,7 @@ class RecomputedRenorm(torch.autograd.Function):
                 z: Tensor, *params: nn.Parameter) -> Tuple[Tensor, Tensor]:
         ctx.params = p
         ctx.renorm_attributes = where(p.renorm_attributes())
+        ctx.state_norm = NormReplay(p.state_norm)
         ctx.set_materialize_grads(False)
         if keeps_strided_input(p, u):
             sub, ctx.size = grouped_strided_input(p.state_adapt, u)
@@ -350,7 +347,7 @@ class RecomputedRenorm(torch.autograd.Function):
 
     @staticmethod
     def renormalise(ctx, state: KCLAState) -> KCLAState:
-        norm = replay_norm(ctx.params.state_norm)
+        norm = ctx.state_norm
         if ctx.incoming_shape is not None:
             return renormalise_strided_input(ctx.params, state.u, ctx.size,
                                              state.z, norm)

@@ -9,7 +9,9 @@ from mmdet.models.backbones import ResNet
 from official_cifar_reference import OfficialKCLACIFAR
 
 from kcla_mm.models import KCLAResNet, KCLAResNetCIFAR
-from kcla_mm.models.official_checkpoint import official_to_mm_key
+from kcla_mm.models.official_checkpoint import (OfficialCheckpointError,
+                                                convert_official_checkpoint,
+                                                official_to_mm_key)
 from helpers import ROOT, requires_mmpretrain, run
 from official_reference import OfficialKCLAResNet, randomise_
 
@@ -70,6 +72,8 @@ def test_converted_official_checkpoint_gives_the_same_features(
 
     # Exactly the backbone's keys: strict loading succeeds.
     ckpt = torch.load(tmp_path / 'kcla.pth', weights_only=True)
+    # No classifier config: its keys are backbone.*, these are not.
+    assert ckpt['meta']['config'] is None
     KCLAResNet(depth=depth).load_state_dict(ckpt['state_dict'], strict=True)
 
     model = KCLAResNet(
@@ -129,6 +133,30 @@ def test_converter_rejects_other_files(tmp_path, repo_root):
 
     result = convert(repo_root, tmp_path / 'missing.pth', tmp_path / 'o.pth')
     assert result.returncode == 1 and 'no such file' in result.stderr
+
+
+@pytest.mark.parametrize(
+    'key',
+    [
+        # Algorithm 1's modules where the official model builds none.
+        'layer1.attention.1.adjust_channel.weight',
+        'layer2.attention.3.u_bn.weight',
+        'layer2.attention.2.u_Wk.weight',
+        # A re-normalisation that changes the width has its adapter mapped,
+        # so an unknown tensor of it is no official one.
+        'layer2.attention.0.u_bn.extra',
+    ])
+def test_converter_refuses_state_modules_the_official_model_lacks(
+        tmp_path, key):
+    """Only the state modules that the official model builds and never
+    calls are dropped as unused; one it does not build is named."""
+    state = OfficialKCLAResNet(50).state_dict()
+    state[key] = torch.zeros(3)
+    torch.save({'state_dict': state}, tmp_path / 'extra.pth')
+    with pytest.raises(OfficialCheckpointError) as error:
+        convert_official_checkpoint(str(tmp_path / 'extra.pth'))
+    assert f"extra.pth: key '{key}'" in str(error.value)
+    assert 'has no counterpart in KCLAResNet-50' in str(error.value)
 
 
 def test_plain_resnet_weights_load_with_only_kcla_keys_missing(tmp_path):

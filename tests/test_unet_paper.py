@@ -268,6 +268,16 @@ def test_wrong_shape_missing_and_foreign_keys_are_named():
     assert "key 'encoder.fc.weight' is not of the official UNet_kcla" in str(
         info.value)
 
+    # Only what the official network builds and never calls is dropped:
+    # an adapter where it builds none, or another tensor under bn2, is
+    # named.
+    for key in ('encoder.layer2.attention.1.adjust_channel.0.weight',
+                'encoder.bn2.anything_else'):
+        with pytest.raises(OfficialCheckpointError) as info:
+            convert_official_unet_state_dict(
+                dict(state, **{key: torch.zeros(1)}), 'extra.pth')
+        assert f"extra.pth: key '{key}'" in str(info.value)
+
 
 def test_tool_converts_a_training_checkpoint(tmp_path, capsys):
     """The official ``latest.pth`` layout (``model_state_dict`` beside the

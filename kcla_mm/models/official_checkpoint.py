@@ -274,6 +274,25 @@ def _kcla_module_key(key: str) -> Optional[Tuple[int, str, str, str]]:
     return None
 
 
+def built_but_unused(key: str, target: Dict[str, Tensor]) -> bool:
+    """Whether ``key`` is of a state module (Algorithm 1's) that the
+    official model builds where its forward pass never calls it: all three
+    at the first block of stage 1 (no incoming state), and the
+    ``adjust_channel`` of a re-normalisation that keeps the state's width
+    (ResNet-101's stage-3 block 11), where ``target``, the kcla_mm
+    backbone's state dict, renormalises without an adapter. Any other
+    state-module key is of a model the converter does not know."""
+    kcla = _kcla_module_key(key)
+    if kcla is None or kcla[2] not in STATE_MODULES:
+        return False
+    stage, block, module, _ = kcla
+    if stage == 1 and block == '0':
+        return True
+    norm = KCLA_MODULE_NAMES['u_bn']
+    return (module == 'adjust_channel'
+            and f'layer{stage}.{block}.kcla.{norm}.weight' in target)
+
+
 def official_to_mm_key(key: str) -> str:
     """Maps one official key (either layout) to its name in the kcla_mm
     backbone ('' for fc.*)."""
@@ -329,8 +348,7 @@ def convert_official_checkpoint(path: str,
     def unused(key: str, new_key: Optional[str]) -> Optional[str]:
         if not new_key:  # fc.*
             return 'classifier head (use --with-head to keep it)'
-        kcla = _kcla_module_key(key)
-        if kcla and kcla[2] in STATE_MODULES:
+        if built_but_unused(key, target):
             return 'never used by the official forward pass'
         return None
 
@@ -352,7 +370,9 @@ def convert_official_checkpoint(path: str,
         depth=depth,
         block=block,
         num_classes=int(num_classes),
-        config=config,
+        # The classifier config loads only the file with the head: the
+        # backbone's keys lack its 'backbone.' prefix.
+        config=config if with_head else None,
         dropped_keys=sorted(dropped))
     return ConversionResult(depth, converted, dropped, meta, layout, block,
                             int(num_classes),

@@ -63,6 +63,11 @@ NEVER_USED = 'never used by the official forward pass'
 
 _STEM_KEY = re.compile(r'^encoder\.(conv1|bn1)\.(.+)$')
 _UNUSED_BN_KEY = re.compile(r'^encoder\.bn2\.(.+)$')
+_BN_TENSORS = r'(weight|bias|running_mean|running_var|num_batches_tracked)'
+_NEVER_USED_KEY = re.compile(
+    rf'^encoder\.bn2\.{_BN_TENSORS}$|'
+    r'^encoder\.layer1\.attention\.0\.adjust_channel\.'
+    rf'(0\.(weight|bias)|1\.{_BN_TENSORS})$')
 _BLOCK_KEY = re.compile(r'^encoder\.layer(\d+)\.layers\.(\d+)\.(.+)$')
 _KCLA_KEY = re.compile(r'^encoder\.layer(\d+)\.attention\.(\d+)\.'
                        r'(Wq|Wk|Wv|bn_attention|norm_d|adjust_channel\.[01])'
@@ -169,8 +174,9 @@ def convert_official_unet_state_dict(
 
     def unused(key: str, new_key: Optional[str]) -> Optional[str]:
         # encoder.bn2, and stage 1 block 0's adjust_channel (no incoming
-        # state to adapt)
-        if new_key is None or '.adjust_channel.' in key:
+        # state to adapt): what the official network builds and never
+        # calls. Any other key without a counterpart is of another network.
+        if _NEVER_USED_KEY.match(key):
             return NEVER_USED
         return None
 

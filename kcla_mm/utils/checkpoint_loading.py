@@ -208,8 +208,12 @@ _ADVICE = re.compile(
     r'file an issue|Check the documentation of torch\.load|'
     r'can still be loaded|have two options|recommended steps|'
     r'In PyTorch 2\.6)[^\n]*', re.IGNORECASE)
+# The refused type: named after GLOBAL by torch 2.1's unpickler and for
+# a global, after "but got <class" by torch >= 2.6 for a class it reaches
+# otherwise (a numpy dtype of a scalar).
 _REFUSED_GLOBAL = re.compile(
-    r'(?:Unsupported global: GLOBAL|GLOBAL|Unsupported class)\s+([\w.]+)')
+    r'(?:Unsupported global: GLOBAL|GLOBAL|Unsupported class)\s+([\w.]+)|'
+    r"but got <class '([\w.]+)'>")
 
 
 def _one_line(text: str) -> str:
@@ -248,7 +252,7 @@ def _load_error(path: str, exc: BaseException) -> CheckpointFileError:
                                  'a pickle that torch.save did not write')
     refused = _REFUSED_GLOBAL.search(message)
     if isinstance(exc, pickle.UnpicklingError) and refused:
-        name = refused.group(1).rstrip('.')
+        name = (refused.group(1) or refused.group(2)).rstrip('.')
         detail = (f'it holds {name}, which torch.load(weights_only=True) '
                   f'refuses; {ALLOWED_TYPES}')
         return CheckpointFileError(path, detail, detail)

@@ -34,6 +34,7 @@ UNET_MRLA = 'configs/baselines/unet_mrla-light-r18_isic2018-256x256.py'
 WARMSTART = 'configs/kcla/faster-rcnn_kcla-r50-warmstart_fpn_1x_coco.py'
 CIFAR = 'configs/kcla/kcla-r56_1xb128_cifar10.py'
 DEEPLAB = 'configs/kcla/deeplabv3plus_kcla-r50-d8_kvasir-seg-256x256.py'
+PAPER_UNET = 'configs/kcla/unet-kcla-paper_isic2018-256x256.py'
 
 
 def config(path):
@@ -53,7 +54,11 @@ def export_and_verify(path,
     exportable = build_exportable(config(path), checkpoint, backbone)
     export_onnx(exportable, str(out), shape, batch, dynamic)
     records = verify_onnx(exportable, str(out), shape, batch, dynamic)
-    assert len(records) == len(exportable.output_names) * (1 + dynamic)
+    # Dynamic: a second batch and size, and a third size where the model
+    # takes it.
+    shapes = {r.input_shape for r in records}
+    assert len(shapes) in ((2, 3) if dynamic else (1, ))
+    assert len(records) == len(exportable.output_names) * len(shapes)
     assert all(r.relative <= 1e-4 for r in records)
     return exportable, records
 
@@ -91,14 +96,58 @@ def test_backbone_of_a_config_exports_its_out_indices(path, tmp_path):
 
 
 @requires_onnx
+def test_paper_unet_exports_for_every_size(tmp_path):
+    """The paper's decoder pads or crops each upsampled map to its skip's
+    size. An export at 64x64 with --dynamic used to crop one pixel off
+    where a stage's size is odd (an exported graph divides integers by
+    truncating; 1e-3 of the output scale off at 104x136) and to fail at
+    sizes that need a crop (50x70): verification now runs at a size of
+    odd stages, and the graph matches at others."""
+    from kcla_mm.deployment import compare, onnxruntime_runner
+    out = tmp_path / 'paper.onnx'
+    exportable, records = export_and_verify(PAPER_UNET, out, (64, 64))
+    assert {r.input_shape
+            for r in records} == {(1, 3, 64, 64), (2, 3, 96, 128),
+                                  (1, 3, 104, 136)}
+    compare(exportable.module, onnxruntime_runner(str(out)),
+            exportable.output_names, [(1, 3, 50, 70), (2, 3, 72, 88)])
+
+
+@requires_onnx
 def test_segmentor_exports_its_tensor_logits(tmp_path):
     exportable, records = export_and_verify(UNET, tmp_path / 's.onnx',
                                             (64, 64))
     assert exportable.kind == 'segmentor'
     assert exportable.output_names == ('seg_logits', )
     assert {r.input_shape
-            for r in records} == {(1, 3, 64, 64), (2, 3, 96, 128)}
+            for r in records} == {(1, 3, 64, 64), (2, 3, 96, 128),
+                                  (1, 3, 104, 136)}
     assert_attention_ops(tmp_path / 's.onnx', exportable.module)
+
+
+class Divisible16(nn.Module):
+    """A model that, as mmseg's UNet backbone, refuses sizes not divisible
+    by 16."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3, padding=1)
+
+    def forward(self, x):
+        if x.shape[2] % 16 or x.shape[3] % 16:
+            raise ValueError('the input size must be divisible by 16')
+        return (self.conv(x), )
+
+
+@requires_onnx
+def test_verification_leaves_out_the_size_the_model_refuses(tmp_path):
+    from kcla_mm.deployment import Exportable, export_onnx, verify_onnx
+    exportable = Exportable(Divisible16().eval(), 'backbone', ('out', ),
+                            'a test model')
+    out = str(tmp_path / 'd.onnx')
+    export_onnx(exportable, out, (32, 32), dynamic=True)
+    records = verify_onnx(exportable, out, (32, 32), dynamic=True)
+    assert [r.input_shape for r in records] == [(1, 3, 32, 32), (2, 3, 64, 96)]
 
 
 @requires_onnx
@@ -263,7 +312,8 @@ def test_tool_exports_and_verifies_without_a_checkpoint(tmp_path, capsys):
     ]) == 0
     printed = capsys.readouterr().out
     assert 'No checkpoint given: exporting the initialised model' in printed
-    assert 'Verified in onnxruntime at 2 input shape(s)' in printed
+    assert ('Verified in onnxruntime at 3 input shape(s): within 0.0001 of '
+            'the output scale\n') in printed
     assert 'seg_logits at 3x3x96x128' in printed
     assert os.listdir(tmp_path) == ['u.onnx']
 
@@ -292,6 +342,43 @@ def test_unknown_model_kind_is_named(tmp_path, capsys):
                        '--shape', 32, 32)
     assert "cannot build model type 'NoSuchDetector'" in err
     assert sorted(os.listdir(tmp_path)) == ['cfg.py']
+
+
+@requires_onnx
+@pytest.mark.parametrize(
+    'text, message',
+    [('model = dict(type=', 'cannot be read: SyntaxError'),
+     ("_base_ = 'no_such_base.py'\nmodel = dict()", 'cannot be read: '),
+     ("model = dict(type='KCLAResNet', depth=18, bogus_arg=1)",
+      "cannot build model type 'KCLAResNet' in scope 'mmdet' (TypeError: "),
+     ("model = dict(type='EncoderDecoder')", "cannot build model type "
+      "'EncoderDecoder'")])
+def test_a_config_that_cannot_give_a_model_is_named(tmp_path, capsys, text,
+                                                    message):
+    """One line naming the config, not a traceback."""
+    cfg = write_config(tmp_path, text)
+    err = failing_tool(tmp_path, capsys, cfg, '--out', tmp_path / 'x.onnx',
+                       '--shape', 32, 32)
+    assert err.startswith(f'error: config {cfg}')
+    assert message in err
+    assert sorted(os.listdir(tmp_path)) == ['cfg.py']
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--batch', '-1'], '--batch -1: not an integer >= 1'),
+    (['--shape', '-1', '64'], '--shape -1: not an integer >= 1'),
+])
+def test_a_size_below_one_is_refused_by_the_tool(tmp_path, capsys, argv,
+                                                 message):
+    tool = load_tool('tools/deployment/pytorch2onnx.py')
+    with pytest.raises(SystemExit) as error:
+        tool.parse_args([
+            config(UNET), '--out',
+            str(tmp_path / 'x.onnx'), '--shape', '32', '32', *argv
+        ])
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
 
 
 class VecdotBackbone(nn.Module):
@@ -399,6 +486,27 @@ def test_a_failure_while_writing_leaves_no_partial_file(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.onnx, 'export', half_written)
     with pytest.raises(ExportError, match='No space left on device'):
         export_onnx(exportable, str(tmp_path / 'x.onnx'), (32, 32))
+    assert os.listdir(tmp_path) == ['x.onnx']
+    assert (tmp_path / 'x.onnx').read_bytes() == b'old'
+
+
+@requires_onnx
+def test_a_graph_that_fails_its_check_does_not_replace_the_output(tmp_path):
+    """The tool's --verify runs on the written file before it takes the
+    output's name: a failed verification leaves what was there."""
+    from kcla_mm.deployment import ExportError, build_exportable, export_onnx
+    exportable = build_exportable(config(UNET), None, True)
+    (tmp_path / 'x.onnx').write_bytes(b'old')
+    checked = []
+
+    def refuse(path):
+        checked.append(os.path.getsize(path))
+        raise ExportError('output 0 differs')
+
+    with pytest.raises(ExportError, match='output 0 differs'):
+        export_onnx(
+            exportable, str(tmp_path / 'x.onnx'), (32, 32), check=refuse)
+    assert checked and checked[0] > 0
     assert os.listdir(tmp_path) == ['x.onnx']
     assert (tmp_path / 'x.onnx').read_bytes() == b'old'
 

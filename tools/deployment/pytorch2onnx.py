@@ -20,6 +20,7 @@ import sys
 from kcla_mm.deployment import (DEFAULT_OPSET, DEFAULT_TOLERANCE, ExportError,
                                 build_exportable, export_onnx,
                                 verification_shapes, verify_onnx)
+from kcla_mm.utils.cli import int_at_least
 
 
 def parse_args(argv=None):
@@ -32,12 +33,16 @@ def parse_args(argv=None):
     parser.add_argument('--out', required=True, help='output .onnx file')
     parser.add_argument(
         '--shape',
-        type=int,
+        type=int_at_least('--shape', 1),
         nargs=2,
         required=True,
         metavar=('H', 'W'),
         help='input height and width')
-    parser.add_argument('--batch', type=int, default=1, help='batch size')
+    parser.add_argument(
+        '--batch',
+        type=int_at_least('--batch', 1),
+        default=1,
+        help='batch size')
     parser.add_argument(
         '--dynamic',
         action='store_true',
@@ -71,22 +76,35 @@ def main(argv=None) -> int:
         if args.checkpoint is None:
             print('No checkpoint given: exporting the initialised model '
                   '(its weights are random, not trained)')
+        records = []
+
+        def verify(path):
+            # Before the file replaces what is at --out: a graph that
+            # fails is not written there.
+            records.extend(
+                verify_onnx(exportable, path, tuple(args.shape), args.batch,
+                            args.dynamic, args.tolerance))
+
         export_onnx(exportable, args.out, tuple(args.shape), args.batch,
-                    args.dynamic, args.opset)
+                    args.dynamic, args.opset, verify if args.verify else None)
         print(f'Exported {exportable.description} to {args.out} (opset '
               f'{args.opset}, outputs {", ".join(exportable.output_names)}'
               f'{", dynamic batch and size" if args.dynamic else ""})')
         if args.verify:
-            records = verify_onnx(exportable, args.out, tuple(args.shape),
-                                  args.batch, args.dynamic, args.tolerance)
             for r in records:
                 print(f'  {r.output} at {"x".join(map(str, r.input_shape))}:'
                       f' max abs diff {r.max_abs_diff:.3g} '
                       f'({r.relative:.2g} of scale {r.scale:.3g})')
-            shapes = verification_shapes(
-                tuple(args.shape), args.batch, args.dynamic)
+            shapes = {r.input_shape for r in records}
+            left_out = [
+                s for s in verification_shapes(
+                    tuple(args.shape), args.batch, args.dynamic)
+                if s not in shapes
+            ]
             print(f'Verified in onnxruntime at {len(shapes)} input '
-                  f'shape(s): within {args.tolerance:g} of the output scale')
+                  f'shape(s): within {args.tolerance:g} of the output scale' +
+                  ''.join(f'; not at {"x".join(map(str, s))}, which the '
+                          'model refuses in PyTorch' for s in left_out))
     except ExportError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 1

@@ -11,16 +11,26 @@ from mmseg.models.decode_heads.decode_head import BaseDecodeHead
 from mmseg.registry import MODELS
 from torch import Tensor
 
+from ...torch_compat import is_exporting
+
 
 def pad_to(x: Tensor, size: Sequence[int]) -> Tensor:
     """``x`` padded with zeros, or cropped where it is larger, to ``size``
-    (H, W), centred: the official ``Up`` pads by the size difference with
-    ``F.pad``, whose negative padding crops."""
-    dy = size[0] - x.shape[2]
-    dx = size[1] - x.shape[3]
-    if dx == 0 and dy == 0:
+    (H, W), centred: the official ``Up`` pads by the size difference ``d``
+    with ``F.pad``, whose negative padding crops, ``d // 2`` before.
+
+    ``d // 2`` is computed as ``(size + x's) // 2 - x's``, the same floor
+    with a numerator that is never negative: an exported graph divides
+    integers by truncating, which moved a crop by one pixel wherever a
+    stage's size was odd. And while a graph is recorded there is no early
+    return for equal sizes, which the recorder would keep for every size.
+    """
+    h, w = x.shape[2], x.shape[3]
+    if not is_exporting() and (h, w) == tuple(size):
         return x
-    return F.pad(x, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2])
+    top = (size[0] + h) // 2 - h
+    left = (size[1] + w) // 2 - w
+    return F.pad(x, [left, size[1] - w - left, top, size[0] - h - top])
 
 
 def conv_norm_act(in_channels: int, out_channels: int,

@@ -310,6 +310,31 @@ def test_initial_checkpoint_creates_the_output_folder(tmp_path, capsys):
         head_dim=8).load_state_dict(ckpt['state_dict'])
 
 
+def test_initial_checkpoint_names_pretrained_weights_it_cannot_read(
+        tmp_path, capsys):
+    """A config that starts from pretrained weights not on this machine is
+    refused in one line with the option that leaves them out (it was a
+    FileNotFoundError traceback)."""
+    config = tmp_path / 'pretrained.py'
+    config.write_text(
+        "default_scope = 'mmdet'\n"
+        "custom_imports = dict(imports=['kcla_mm'])\n"
+        "model = dict(type='KCLAResNet', depth=18, base_channels=16, "
+        "head_dim=8, init_cfg=dict(type='Pretrained', "
+        "checkpoint='no/such/weights.pth'))\n")
+    out = tmp_path / 'initial.pth'
+    tool = load_tool('tools/misc/save_initial_checkpoint.py')
+    with pytest.raises(SystemExit) as error:
+        tool.main([str(config), str(out)])
+    assert str(error.value) == (
+        f'error: {config}: its model initialises from weights that cannot '
+        'be read here (no/such/weights.pth can not be found.); to save it '
+        'without them: --cfg-options model.init_cfg=None')
+    assert not out.exists()
+    tool.main([str(config), str(out), '--cfg-options', 'model.init_cfg=None'])
+    assert out.exists()
+
+
 @pytest.fixture(scope='module')
 def predictions(release, tmp_path_factory, repo_root):
     """mmdet's DetInferencer with the config file and the training and the

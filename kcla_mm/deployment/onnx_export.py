@@ -120,7 +120,8 @@ def scope_registry(scope: str):
                 'this config is an mmpretrain config (default_scope='
                 "'mmpretrain'), and mmpretrain is not installed (the "
                 "'pretrain' extra): install it, or export its backbone "
-                'alone (--backbone)')
+                "alone (--backbone; a config built on mmpretrain's own "
+                'files needs mmpretrain to be read at all)')
         return registry
     if scope == 'mmseg':
         from mmseg.registry import MODELS

@@ -23,6 +23,8 @@ from typing import List, Tuple
 
 import torch
 
+from kcla_mm.utils.cli import int_at_least
+
 
 def parse_shape(text: str) -> Tuple[int, int]:
     try:
@@ -45,12 +47,13 @@ def parse_args(argv=None):
         help='input H x W, batch 1 (default: 224x224 800x1216)')
     parser.add_argument(
         '--threads',
-        type=int,
+        type=int_at_least('--threads', 0),
         nargs='+',
         default=[1, 0],
         help='onnxruntime intra-op threads; 0: its default, all cores')
-    parser.add_argument('--iters', type=int, default=10)
-    parser.add_argument('--warmup', type=int, default=2)
+    parser.add_argument('--iters', type=int_at_least('--iters', 1), default=10)
+    parser.add_argument(
+        '--warmup', type=int_at_least('--warmup', 0), default=2)
     parser.add_argument('--opset', type=int, default=17)
     return parser.parse_args(argv)
 

@@ -6,6 +6,8 @@ Testing this checkpoint with tools/test.py gives the untrained baseline that
 a trained model's metrics should clearly beat.
 """
 import argparse
+import sys
+from typing import List
 
 import torch
 from mmengine.config import Config, DictAction
@@ -13,6 +15,24 @@ from mmengine.registry import MODELS, init_default_scope
 
 import kcla_mm  # noqa: F401
 from kcla_mm.utils.cli import make_parent_dir
+
+
+def pretrained_keys(cfg, path: str) -> List[str]:
+    """The dotted keys under ``cfg`` that load pretrained weights: a
+    ``pretrained`` path, or an ``init_cfg`` of type ``Pretrained``."""
+    found = []
+    for key, value in cfg.items():
+        where = f'{path}.{key}'
+        inits = value if isinstance(value, (list, tuple)) else [value]
+        if key == 'pretrained' and value:
+            found.append(where)
+        elif key == 'init_cfg' and any(
+                isinstance(i, dict) and i.get('type') == 'Pretrained'
+                for i in inits):
+            found.append(where)
+        elif isinstance(value, dict):
+            found += pretrained_keys(value, where)
+    return found
 
 
 def main(argv=None):
@@ -28,7 +48,17 @@ def main(argv=None):
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     torch.manual_seed(args.seed)
     model = MODELS.build(cfg.model)
-    model.init_weights()
+    try:
+        model.init_weights()
+    except OSError as exc:
+        # A config that starts from pretrained weights (init_cfg, or the
+        # model's `pretrained`) that are not here: a missing file, or a
+        # URL without a network.
+        options = ' '.join(f'{key}=None'
+                           for key in pretrained_keys(cfg.model, 'model'))
+        sys.exit(f'error: {args.config}: its model initialises from '
+                 f'weights that cannot be read here ({exc}); to save it '
+                 f'without them: --cfg-options {options}')
     make_parent_dir(args.out)
     torch.save(
         dict(state_dict=model.state_dict(), meta=dict(seed=args.seed)),

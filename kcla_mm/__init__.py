@@ -6,8 +6,9 @@ does) registers the backbones in mmdet's and mmseg's MODELS (and in
 mmpretrain's when the optional extra is installed), the UNet head and the
 BCE + Dice loss in mmseg's MODELS, the medical datasets, the paper recipe's
 transforms and the foreground-IoU and pooled pixel metrics in mmseg's
-registries, :class:`~kcla_mm.engine.RandomStateHook` in mmengine's HOOKS
-(so in every scope's), and allow-lists the types of mmengine training
+registries, :class:`~kcla_mm.engine.RandomStateHook` and
+:class:`~kcla_mm.engine.CheckpointMatchHook` in mmengine's HOOKS (so in
+every scope's), and allow-lists the types of mmengine training
 checkpoints for ``torch.load(weights_only=True)``
 (:mod:`kcla_mm.utils.checkpoint_safety`).
 Nothing else: inferencers (:mod:`kcla_mm.apis`), the model zoo and the

@@ -323,6 +323,75 @@ def test_test_tool_refuses(bench, name, tmp_path):
     assert_one_line_error(result.stderr, bench[name], BAD_FILES[name])
 
 
+def _backbone_only(state):
+    return {
+        k[len('backbone.'):]: v
+        for k, v in state.items() if k.startswith('backbone.')
+    }
+
+
+def _one_shape_off(state):
+    state = dict(state)
+    key = next(k for k in state if k.endswith('conv1.weight'))
+    state[key] = state[key][:1]
+    return state
+
+
+@pytest.mark.parametrize('variant, message', [
+    (_backbone_only, "it does not hold the weights of this model "),
+    (_one_shape_off, 'it does not hold the weights of this model '),
+])
+@pytest.mark.slow
+def test_test_tool_refuses_a_checkpoint_of_another_model(
+        bench, tmp_path, variant, message):
+    """mmengine loads load_from with strict=False: a backbone's checkpoint
+    (what kcla_official2mm.py writes without --with-head) loaded nothing
+    into the detector, and test.py reported mAP 0 of an initialised model
+    with exit status 0."""
+    checkpoint = torch.load(bench['good'], weights_only=False)
+    path = tmp_path / 'other.pth'
+    torch.save(dict(state_dict=variant(checkpoint['state_dict'])), path)
+    result = run(
+        sys.executable,
+        'tools/test.py',
+        bench['config'],
+        path,
+        '--work-dir',
+        tmp_path / 'work',
+        '--cfg-options',
+        f'data_root={bench["data"]}',
+        check=False)
+    assert result.returncode == 1, result.stdout[-2000:]
+    errors = [line for line in result.stderr.splitlines() if 'error: ' in line]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(f'error: {path}: {message}'), errors[0]
+    if variant is _backbone_only:
+        assert "a backbone's checkpoint" in errors[0]
+        assert 'missing: backbone.conv1.weight' in errors[0]
+    else:
+        assert '1 of other shapes: backbone.conv1.weight (1, 3, 7, 7)' in \
+            errors[0]
+
+
+def test_state_dict_mismatch_names_keys_and_shapes():
+    from kcla_mm.engine import state_dict_mismatch
+    model = {'a.w': torch.ones(2), 'a.b': torch.ones(2)}
+    assert state_dict_mismatch(model, dict(model)) is None
+    # DataParallel's prefix, as mmengine strips it.
+    assert state_dict_mismatch(model, {
+        f'module.{k}': v
+        for k, v in model.items()
+    }) is None
+    message = state_dict_mismatch(model, {
+        'a.w': torch.ones(3),
+        'c': torch.ones(1)
+    })
+    assert message == (
+        'it does not hold the weights of this model (2 tensors): 1 '
+        'missing: a.b; 1 keys the model lacks: c; 1 of other shapes: a.w '
+        '(3,) (the model: (2,))')
+
+
 @pytest.mark.parametrize('config, options, message', [
     ('nosuch.py', [], 'No such file or directory'),
     (None, ['--out', 'results.json'], '--out results.json: must end in .pkl'),

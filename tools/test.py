@@ -7,8 +7,10 @@ style).
 
 CHECKPOINT may be a training checkpoint of tools/train.py: it is loaded
 with weights_only=True, with mmengine's logging types allow-listed. A file
-that is missing, truncated, not a checkpoint, or holds NaN/Inf tensors is
-refused in one line (``error: CHECKPOINT: cause``, exit status 1).
+that is missing, truncated, not a checkpoint, holds NaN/Inf tensors, or
+does not hold exactly the model's tensors (a backbone's checkpoint for a
+whole model, another depth) is refused in one line (``error: CHECKPOINT:
+cause``, exit status 1).
 """
 import argparse
 import os
@@ -103,6 +105,12 @@ def build_cfg(args) -> Config:
                       args.work_dir)
     # The backbone's ImageNet init is not needed: the checkpoint has it all.
     cfg.load_from = args.checkpoint
+    # mmengine loads it with strict=False: a file that is not this model's
+    # would be tested as an initialised model.
+    cfg.custom_hooks = [
+        *cfg.get('custom_hooks', []),
+        dict(type='CheckpointMatchHook', checkpoint=args.checkpoint)
+    ]
     if args.show_dir:
         enable_visualization(cfg, args.show_dir)
     if args.out:

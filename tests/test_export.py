@@ -570,3 +570,17 @@ def test_onnx_benchmark_prints_the_ratio(capsys):
     out = capsys.readouterr().out
     assert 'eval 1x3x32x32, 1 thread: ResNet-18' in out
     assert 'KCLA-ResNet-18' in out and 'ratio' in out
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--iters', '0'], '--iters 0: not an integer >= 1'),
+    (['--warmup', '-1'], '--warmup -1: not an integer >= 0'),
+    (['--threads', '1', '-2'], '--threads -2: not an integer >= 0'),
+])
+def test_onnx_benchmark_refuses_bad_counts(capsys, argv, message):
+    """--iters 0 ended in a StatisticsError after the exports."""
+    tool = load_tool('tools/analysis/benchmark_onnx.py')
+    with pytest.raises(SystemExit) as error:
+        tool.parse_args(argv)
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err

@@ -64,6 +64,15 @@ def load_tool(relative: str) -> ModuleType:
     return module
 
 
+def assert_usage_error(relative: str, argv, message: str, capsys) -> None:
+    """The tool's ``parse_args(argv)`` exits as argparse does on a bad
+    option (status 2) with ``message`` on stderr."""
+    with pytest.raises(SystemExit) as error:
+        load_tool(relative).parse_args(argv)
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def small_backbone(cls, depth: int = 18, **kwargs):
     """A narrow layer-attention ResNet for wiring tests (the medical-UNet
     setting): base_channels 16, head_dim 8 unless given."""

@@ -23,7 +23,7 @@ from kcla_mm.analysis.phase_profile import PHASES, timed_phases
 from kcla_mm.models import KCLAResNet, MRLALightResNet
 from kcla_mm.models.layers.profiling import phase
 from kcla_mm.torch_compat import has_mem_tracker
-from helpers import ROOT, load_tool, output_of
+from helpers import ROOT, assert_usage_error, load_tool, output_of
 
 KCLA_UNET = osp.join(ROOT, 'configs/kcla/unet_kcla-r18_isic2017-256x256.py')
 LA_UNET = osp.join(ROOT, 'configs/baselines/unet_la-r18_isic2017-256x256.py')
@@ -456,11 +456,7 @@ def test_phase_labels_cost_a_flag_check_without_a_profiler():
     (['--depth', '42'], '--depth: invalid choice: 42'),
 ])
 def test_profile_kcla_rejects_bad_options(capsys, argv, message):
-    tool = load_tool('tools/analysis/profile_kcla.py')
-    with pytest.raises(SystemExit) as error:
-        tool.parse_args(argv)
-    assert error.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_usage_error('tools/analysis/profile_kcla.py', argv, message, capsys)
 
 
 def test_profile_kcla_threads_0_is_torch_default(capsys):

@@ -12,8 +12,8 @@ import torch.nn as nn
 from mmdet.registry import MODELS as MMDET_MODELS
 
 from kcla_mm.models.layers import KCLALayer
-from helpers import (ROOT, assert_written_with_open_mode, load_tool,
-                     requires_mmpretrain, run)
+from helpers import (ROOT, assert_usage_error, assert_written_with_open_mode,
+                     load_tool, requires_mmpretrain, run)
 from official_reference import OfficialKCLAResNet, randomise_
 
 HAS_ONNX = all(
@@ -579,8 +579,5 @@ def test_onnx_benchmark_prints_the_ratio(capsys):
 ])
 def test_onnx_benchmark_refuses_bad_counts(capsys, argv, message):
     """--iters 0 ended in a StatisticsError after the exports."""
-    tool = load_tool('tools/analysis/benchmark_onnx.py')
-    with pytest.raises(SystemExit) as error:
-        tool.parse_args(argv)
-    assert error.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_usage_error('tools/analysis/benchmark_onnx.py', argv, message,
+                       capsys)

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from ..torch_compat import load_checkpoint_file
 from ..utils.cli import default_file_mode
+from ..utils.config import is_pretrained_init
 
 #: The ONNX opset used unless asked otherwise.
 DEFAULT_OPSET = 17
@@ -94,19 +95,13 @@ def strip_pretrained(cfg: Any) -> Any:
         for key, value in cfg.items():
             if key == 'pretrained':
                 continue
-            if key == 'init_cfg' and _is_pretrained(value):
+            if key == 'init_cfg' and is_pretrained_init(value):
                 continue
             out[key] = strip_pretrained(value)
         return out
     if isinstance(cfg, (list, tuple)):
         return [strip_pretrained(v) for v in cfg]
     return cfg
-
-
-def _is_pretrained(init_cfg: Any) -> bool:
-    cfgs = init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]
-    return any(
-        isinstance(c, dict) and c.get('type') == 'Pretrained' for c in cfgs)
 
 
 def scope_registry(scope: str):

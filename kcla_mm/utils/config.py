@@ -7,7 +7,7 @@ command lines themselves).
 """
 import argparse
 import os.path as osp
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from mmengine.config import Config, ConfigDict, DictAction
 
@@ -47,6 +47,26 @@ def _walk(node, path: str) -> Iterator[Tuple[str, dict]]:
     elif isinstance(node, (list, tuple)):
         for i, value in enumerate(node):
             yield from _walk(value, f'{path}.{i}')
+
+
+def is_pretrained_init(init_cfg) -> bool:
+    """Whether ``init_cfg`` (one dict or a list) loads pretrained weights:
+    has an entry of type ``Pretrained``."""
+    cfgs = init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]
+    return any(
+        isinstance(c, dict) and c.get('type') == 'Pretrained' for c in cfgs)
+
+
+def pretrained_keys(model_cfg, path: str = 'model') -> List[str]:
+    """The dotted keys under ``model_cfg`` that load pretrained weights: a
+    ``pretrained`` path, or an ``init_cfg`` of type ``Pretrained``."""
+    found = []
+    for where, node in _walk(model_cfg, path):
+        if node.get('pretrained'):
+            found.append(f'{where}.pretrained')
+        if is_pretrained_init(node.get('init_cfg')):
+            found.append(f'{where}.init_cfg')
+    return found
 
 
 def check_pretrained_files(cfg: Config) -> None:

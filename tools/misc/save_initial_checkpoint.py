@@ -7,7 +7,6 @@ a trained model's metrics should clearly beat.
 """
 import argparse
 import sys
-from typing import List
 
 import torch
 from mmengine.config import Config, DictAction
@@ -15,24 +14,7 @@ from mmengine.registry import MODELS, init_default_scope
 
 import kcla_mm  # noqa: F401
 from kcla_mm.utils.cli import make_parent_dir
-
-
-def pretrained_keys(cfg, path: str) -> List[str]:
-    """The dotted keys under ``cfg`` that load pretrained weights: a
-    ``pretrained`` path, or an ``init_cfg`` of type ``Pretrained``."""
-    found = []
-    for key, value in cfg.items():
-        where = f'{path}.{key}'
-        inits = value if isinstance(value, (list, tuple)) else [value]
-        if key == 'pretrained' and value:
-            found.append(where)
-        elif key == 'init_cfg' and any(
-                isinstance(i, dict) and i.get('type') == 'Pretrained'
-                for i in inits):
-            found.append(where)
-        elif isinstance(value, dict):
-            found += pretrained_keys(value, where)
-    return found
+from kcla_mm.utils.config import pretrained_keys
 
 
 def main(argv=None):

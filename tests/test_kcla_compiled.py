@@ -136,7 +136,14 @@ def test_branch_kernels_are_the_torch_ops(ext, size, n, batch_stats, variant):
     grad_out, grad_u = torch.randn_like(out), torch.randn_like(u)
     grads = ext.branch_backward(grad_out, grad_u, x, u_prev, w, scale, kernel,
                                 gamma, beta, got_mean, got_var, batch_stats,
-                                eps, branch_scale, mask)
+                                eps, branch_scale, mask, None, None)
+    # Written over the incoming gradients, bit for bit the same.
+    over = grad_out.clone(), grad_u.clone()
+    written = ext.branch_backward(*over, x, u_prev, w, scale, kernel, gamma,
+                                  beta, got_mean, got_var, batch_stats, eps,
+                                  branch_scale, mask, *over)
+    assert [t.data_ptr() for t in written[:2]] == [t.data_ptr() for t in over]
+    assert all(torch.equal(a, b) for a, b in zip(written, grads))
     wanted = [t for t in leaves if t is not None]
     want = torch.autograd.grad((want_out, want_u), wanted, (grad_out, grad_u))
     want = iter(want)
@@ -376,6 +383,41 @@ def test_tracing_records_the_pytorch_ops(ext, monkeypatch):
     fused.load_state_dict(model.state_dict())
     assert count_flops(model, x) == count_flops(fused, x) > count_flops(
         ResNet(depth=18, base_channels=16), x)
+
+
+def test_a_gradient_buffer_of_another_shape_is_refused(ext):
+    (x, u_prev, w, scale, kernel, gamma, beta, mean, var, eps, branch_scale,
+     mask), (out, u, got_mean,
+             got_var) = variant_forward(ext, 2, (5, 6), True, 'carry',
+                                        torch.float32)
+    grad = torch.ones_like(out)
+    for wrong in (grad[:1], grad.double(), grad.transpose(2, 3)):
+        with pytest.raises(RuntimeError, match='grad_u_prev_out must be'):
+            ext.branch_backward(grad, grad.clone(), x, u_prev, w, scale,
+                                kernel, gamma, beta, got_mean, got_var, True,
+                                eps, branch_scale, mask, None, wrong)
+
+
+def test_a_build_of_older_sources_is_not_loaded(monkeypatch, ext):
+    """A module whose kernels take other arguments (a source tree updated
+    without reinstalling) is left unloaded, with a warning that says how
+    to rebuild it; 'auto' then runs the pure-PyTorch layer."""
+    assert ext.interface == kcla_compiled.KERNEL_INTERFACE
+
+    class OlderBuild:
+        __file__ = 'old.so'
+        interface = kcla_compiled.KERNEL_INTERFACE - 1
+
+    monkeypatch.setattr(kcla_compiled.importlib, 'import_module',
+                        lambda name: OlderBuild)
+    kcla_compiled.load_extension.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match='other sources.*reinstall'):
+            assert kcla_compiled.extension() is None
+    finally:
+        monkeypatch.undo()
+        kcla_compiled.load_extension.cache_clear()
+    assert kcla_compiled.extension() is ext
 
 
 def test_without_the_extension(monkeypatch):

@@ -381,13 +381,15 @@ KCLA_CLONES void norm_backward(const T* __restrict grad_y,
 
 // dL/dU^{t-1} = dL/dU^t (from the next layer) + dL/dU^t (from the conv);
 // dL/dx = dL/dout + w dL/dU^{t-1}; returns dL/dw = sum dL/dU^{t-1} x.
+// grad_u_prev may be grad_u_next and grad_x grad_out (no __restrict on
+// them): each value is read before the same index is written.
 template <typename T>
-KCLA_CLONES double state_backward(const T* __restrict grad_u_next,
+KCLA_CLONES double state_backward(const T* grad_u_next,
                                   const T* __restrict grad_u_conv,
-                                  const T* __restrict grad_out,
+                                  const T* grad_out,
                                   const T* __restrict x,
-                                  T* __restrict grad_u_prev,
-                                  T* __restrict grad_x, T w, int64_t n) {
+                                  T* grad_u_prev,
+                                  T* grad_x, T w, int64_t n) {
   double total = 0;
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
     const int64_t b1 = std::min(n, b0 + kBlock);
@@ -693,22 +695,39 @@ Tensor branch_output(const Tensor& x, const Tensor& u, const Tensor& w,
   return out;
 }
 
+// A gradient into out where given (x's shape, dtype, contiguous), else into
+// a new tensor.
+Tensor gradient_buffer(const c10::optional<Tensor>& out, const Tensor& x,
+                       const char* name) {
+  if (!out.has_value()) return at::empty_like(x);
+  TORCH_CHECK(out->sizes() == x.sizes() && out->scalar_type() ==
+                  x.scalar_type() && out->is_contiguous(),
+              "branch_backward: ", name,
+              " must be a contiguous tensor of x's shape and dtype");
+  return *out;
+}
+
 // Backward of branch_forward given U^{t-1} (recomputing U^t plane by plane)
 // and the statistics it returned. Returns the gradients of (x, U^{t-1}, w,
 // scale, kernel (C, 3, 3), gamma, beta, branch_scale); x's is only the part
 // through these ops (the pooled keys and queries add theirs in autograd).
+// x's and U^{t-1}'s go into grad_x_out and grad_u_prev_out where given,
+// which may be grad_out and grad_u themselves: a plane of those is read
+// before it is written, and nothing else reads it.
 std::vector<Tensor> branch_backward(
     const Tensor& grad_out, const Tensor& grad_u, const Tensor& x,
     const c10::optional<Tensor>& u_prev, const Tensor& w, const Tensor& scale,
     const Tensor& kernel, const c10::optional<Tensor>& gamma,
     const c10::optional<Tensor>& beta, const Tensor& mean, const Tensor& var,
     bool batch_stats, double eps, const c10::optional<Tensor>& branch_scale,
-    const c10::optional<Tensor>& mask) {
+    const c10::optional<Tensor>& mask,
+    const c10::optional<Tensor>& grad_x_out,
+    const c10::optional<Tensor>& grad_u_prev_out) {
   const Geometry g = geometry(x, w);
   const int64_t HW = g.H * g.W, planes = g.N * g.C;
   const double count = double(g.N) * HW;
-  Tensor grad_x = at::empty_like(x);
-  Tensor grad_u_prev = at::empty_like(x);
+  Tensor grad_x = gradient_buffer(grad_x_out, x, "grad_x_out");
+  Tensor grad_u_prev = gradient_buffer(grad_u_prev_out, x, "grad_u_prev_out");
   std::vector<double> gk(planes * 9, 0.0), gs(planes), gw(planes);
   std::vector<double> gy_sum(planes), gy_vhat(planes), gbs(planes);
   std::vector<double> ch_gy_sum(g.C), ch_gy_vhat(g.C);
@@ -1212,4 +1231,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Algorithm 1 (re-normalisation of the state) in inference");
   m.def("branch_backward", &branch_backward,
         "Backward of branch_forward, recomputing the state and the conv");
+  m.def("use_count", [](const Tensor& t) { return t.use_count(); },
+        "How many references hold the tensor's TensorImpl (this call's "
+        "argument among them)");
+  // What the Python side expects of these functions' arguments and
+  // results: kcla_mm/models/layers/kcla/compiled.py's KERNEL_INTERFACE,
+  // raised with every change to them, so that a build of older sources is
+  // not called with the new arguments.
+  m.attr("interface") = 2;
 }

@@ -36,6 +36,7 @@ from ....torch_compat import is_autocast_enabled, is_compiling, is_exporting
 from ..attention_branch import drop_path_mask
 from ..profiling import phase
 from .fused import folds_renormalise, renormalise_in_forward
+from .gradient_reuse import reusable_gradients, unshared_holders
 from .params import KCLAParams
 from .recompute import (StateTape, differentiable_once, differentiates,
                         recomputed_forward, saved)
@@ -72,11 +73,29 @@ def extension() -> Optional[ModuleType]:
     return load_extension()
 
 
+#: The kernels' interface that this module calls (``interface`` of the
+#: built module, raised with every change to the functions' arguments or
+#: results): a build of older sources, left in a source tree that was
+#: updated without reinstalling, is not loaded.
+KERNEL_INTERFACE = 2
+
+
 @lru_cache(maxsize=None)
 def load_extension() -> Optional[ModuleType]:
     """:func:`extension` without the environment check, imported once."""
     try:
-        return importlib.import_module(extension_name())
+        module = importlib.import_module(extension_name())
+        built = getattr(module, 'interface', 1)
+        if built != KERNEL_INTERFACE:
+            warnings.warn(
+                f'kcla_mm: the compiled KCLA kernels ({module.__file__}) were '
+                f'built from other sources (interface {built}, these sources '
+                f'call {KERNEL_INTERFACE}): reinstall kcla_mm '
+                '(`pip install --no-build-isolation -e .`) to rebuild them; '
+                'the pure-PyTorch layer runs meanwhile',
+                stacklevel=3)
+            return None
+        return module
     except ImportError:
         others = glob.glob(
             osp.join(
@@ -240,6 +259,8 @@ class CompiledUpdate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor, grad_u: Tensor):
+        # First, before this frame takes more references to them.
+        reuse_out, reuse_u = reusable_gradients(grad_out, grad_u)
         differentiable_once('CompiledUpdate')
         (x, u_prev, w, scale, mask, kernel, gamma, beta, branch_scale, mean,
          var) = saved(ctx)
@@ -252,7 +273,8 @@ class CompiledUpdate(torch.autograd.Function):
                 grad_out.contiguous(), grad_u.contiguous(), x, u_prev, w,
                 scale, kernel, gamma, beta, mean, var, ctx.batch_stats,
                 ctx.params.norm.eps, branch_scale,
-                None if mask is None else mask.view(-1))
+                None if mask is None else mask.view(-1),
+                grad_out if reuse_out else None, grad_u if reuse_u else None)
         grad_x, grad_u_prev, grad_w, grad_scale, grad_kernel = grads[:5]
         grad_gamma, grad_beta, grad_branch_scale = grads[5:]
         needs = ctx.needs_input_grad
@@ -270,6 +292,7 @@ def compiled_update(p: KCLAParams, tape: StateTape, step: int, keep_prev: bool,
                     scale: Tensor,
                     mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """The update node of :func:`.recomputed_forward`, in the kernels."""
+    unshared_holders()  # calibrated here, outside any backward pass
     return CompiledUpdate.apply(p, tape, step, keep_prev, x, u_prev, w, scale,
                                 mask, p.value_weight, p.norm.weight,
                                 p.norm.bias, p.branch_scale)

@@ -66,11 +66,12 @@ if len(sys.argv) > 1:  # the stack has the pretrain extra
 PY
   # The compiled KCLA kernels (kcla_mm/csrc), built by `pip install -e .`
   # wherever there is a C++ compiler; without one kcla_mm runs its
-  # pure-PyTorch layer, and says so here.
+  # pure-PyTorch layer, and says so here. A build of older sources (its
+  # interface number is not the one the Python side calls) counts as none.
   if command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1; then
-    "$venv/bin/python" -c 'import importlib
-from kcla_mm.models.layers.kcla.compiled import extension_name
-importlib.import_module(extension_name())' || {
+    "$venv/bin/python" -c 'import sys
+from kcla_mm.models.layers.kcla.compiled import load_extension
+sys.exit(load_extension() is None)' || {
       echo "[setup] $stack: kcla_mm's compiled kernels did not build" >&2
       return 1
     }

@@ -85,7 +85,7 @@ def _probe(loss) -> List[Tuple[Optional[Holders], ...]]:
     _probe_seen = []
     try:
         with torch.enable_grad():
-            loss(torch.zeros(8, requires_grad=True)).backward()
+            loss(torch.zeros(8, device='cpu', requires_grad=True)).backward()
         return _probe_seen
     finally:
         _probe_seen = None

@@ -4,6 +4,8 @@ received only where nothing else holds them
 another node, kept by a hook or a leaf, or a view of a larger one is left
 as it is, and every gradient is the one computed without any reuse."""
 
+import sys
+
 import pytest
 import torch
 
@@ -21,6 +23,9 @@ skip_module_without_extension('whose backward this module tests')
 def written_over(monkeypatch):
     """(grad_x written over grad_out, grad_u_prev over grad_u) for each
     call of the kernels' backward, as the layer called it."""
+    if gradient_reuse.traced():
+        pytest.skip('a trace or profile function (coverage, a debugger) is '
+                    'set, under which nothing is reused')
     ext = kcla_compiled.extension()
     calls = []
     backward = ext.branch_backward
@@ -72,6 +77,22 @@ def kept_by_a_hook(out, u, extra):
     return plain(out, u, extra)
 
 
+def storage_kept_by_a_hook(out, u, extra):
+    out.register_hook(
+        lambda grad: extra['storages'].append(grad.untyped_storage()))
+    return plain(out, u, extra)
+
+
+def numpy_owned(out, u, extra):
+    # The hook's gradient is in memory that numpy owns and keeps.
+    def to_numpy(grad):
+        extra['array'] = grad.numpy().copy()
+        return torch.from_numpy(extra['array'])
+
+    out.register_hook(to_numpy)
+    return plain(out, u, extra)
+
+
 def shared_with_a_leaf(out, u, extra):
     # The leaf's AccumulateGrad runs first and copies the gradient (it
     # cannot take it while the layer's input buffer holds it too): the
@@ -89,6 +110,8 @@ CASES = {
     shared_with_a_later_node: (False, True),
     shared_by_both_outputs: (False, False),
     kept_by_a_hook: (False, True),
+    storage_kept_by_a_hook: (False, True),
+    numpy_owned: (False, True),
     shared_with_a_leaf: (True, True),
     a_view_of_a_larger_gradient: (False, False),
 }
@@ -99,11 +122,22 @@ def step(use):
     shares out's gradient with (y's input, a kept gradient, a leaf)."""
     layer, x = layer_and_input()
     source = torch.rand_like(x, requires_grad=True)
-    extra = {'y': source * 1., 'kept': [], 'leaf': torch.zeros_like(x)}
+    extra = {
+        'y': source * 1.,
+        'kept': [],
+        'storages': [],
+        'leaf': torch.zeros_like(x)
+    }
     extra['leaf'].requires_grad_()
     out, state = layer(x, None)
     use(out, state.u, extra).backward()
     shared = [source.grad, extra['leaf'].grad] + extra['kept']
+    shared += [
+        torch.empty(0, dtype=x.dtype).set_(storage)
+        for storage in extra['storages']
+    ]
+    if 'array' in extra:
+        shared.append(torch.from_numpy(extra['array']))
     return ([x.grad] + [p.grad for p in layer.parameters()],
             [t for t in shared if t is not None])
 
@@ -120,6 +154,29 @@ def test_a_gradient_is_written_over_only_where_nothing_else_holds_it(
     assert len(grads) == len(want_grads) and len(shared) == len(want_shared)
     for got, want in zip(grads + shared, want_grads + want_shared):
         assert torch.equal(got, want)
+
+
+def test_nothing_is_reused_under_a_trace_function(written_over):
+    """A tracer that reads the frames' locals holds references of its own
+    (a debugger, a call logger): nothing is reused while one is set, and
+    the calibration is not made under one."""
+    gradient_reuse._calibrated.cache_clear()
+    frames = []
+
+    def tracer(frame, event, arg):
+        frames.append(frame.f_locals)
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        assert gradient_reuse.unshared_holders() is None
+        step(plain)
+    finally:
+        sys.settrace(None)
+    assert written_over == [(False, False)]
+    assert gradient_reuse._calibrated.cache_info().currsize == 0
+    step(plain)
+    assert written_over[1:] == [(True, True)]
 
 
 def test_a_backbone_train_step_writes_over_its_gradients(written_over):

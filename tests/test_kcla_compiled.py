@@ -396,6 +396,16 @@ def test_a_gradient_buffer_of_another_shape_is_refused(ext):
             ext.branch_backward(grad, grad.clone(), x, u_prev, w, scale,
                                 kernel, gamma, beta, got_mean, got_var, True,
                                 eps, branch_scale, mask, None, wrong)
+    # A buffer may be the gradient it replaces, not the other one.
+    other = grad.clone()
+    for grads, outs in (((grad, grad), (grad, None)), ((grad, other), (other,
+                                                                       None)),
+                        ((grad, other), (None, grad)), ((grad, other),
+                                                        (grad, grad))):
+        with pytest.raises(RuntimeError, match='must not share memory'):
+            ext.branch_backward(*grads, x, u_prev, w, scale, kernel, gamma,
+                                beta, got_mean, got_var, True, eps,
+                                branch_scale, mask, *outs)
 
 
 def test_a_build_of_older_sources_is_not_loaded(monkeypatch, ext):

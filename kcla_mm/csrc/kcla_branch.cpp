@@ -695,6 +695,25 @@ Tensor branch_output(const Tensor& x, const Tensor& u, const Tensor& w,
   return out;
 }
 
+// What holds t, for kcla_mm's gradient reuse
+// (kcla_mm/models/layers/kcla/gradient_reuse.py): references to its
+// TensorImpl and to its StorageImpl, this call's own among them; -1 where t
+// is not a contiguous tensor that spans the whole of a storage torch's
+// allocator owns (a view, an offset, memory of numpy, DLPack or from_blob),
+// which is never written over. Counted here rather than through Python's
+// untyped_storage(), which on torch >= 2.2 ties a Python object to the
+// storage that a caller keeping it would then share unseen.
+std::vector<int64_t> holders(const Tensor& t) {
+  if (!t.defined() || t.layout() != at::kStrided || t.is_view() ||
+      !t.is_contiguous() || t.storage_offset() != 0)
+    return {-1, -1};
+  const c10::Storage& storage = t.storage();
+  if (!storage.resizable() ||
+      storage.nbytes() != size_t(t.numel()) * t.element_size())
+    return {-1, -1};
+  return {int64_t(t.use_count()), int64_t(storage.use_count())};
+}
+
 // A gradient into out where given (x's shape, dtype, contiguous), else into
 // a new tensor.
 Tensor gradient_buffer(const c10::optional<Tensor>& out, const Tensor& x,
@@ -728,6 +747,15 @@ std::vector<Tensor> branch_backward(
   const double count = double(g.N) * HW;
   Tensor grad_x = gradient_buffer(grad_x_out, x, "grad_x_out");
   Tensor grad_u_prev = gradient_buffer(grad_u_prev_out, x, "grad_u_prev_out");
+  // Each may be the incoming gradient it replaces, and nothing else: the
+  // kernel reads a plane of grad_out and grad_u before writing the same
+  // plane of these, not before writing the other one.
+  TORCH_CHECK(!grad_x.is_alias_of(grad_u_prev) &&
+                  !grad_x.is_alias_of(grad_u) &&
+                  !grad_u_prev.is_alias_of(grad_out),
+              "branch_backward: grad_x_out and grad_u_prev_out must not "
+              "share memory with each other or with the other incoming "
+              "gradient");
   std::vector<double> gk(planes * 9, 0.0), gs(planes), gw(planes);
   std::vector<double> gy_sum(planes), gy_vhat(planes), gbs(planes);
   std::vector<double> ch_gy_sum(g.C), ch_gy_vhat(g.C);
@@ -1231,9 +1259,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Algorithm 1 (re-normalisation of the state) in inference");
   m.def("branch_backward", &branch_backward,
         "Backward of branch_forward, recomputing the state and the conv");
-  m.def("use_count", [](const Tensor& t) { return t.use_count(); },
-        "How many references hold the tensor's TensorImpl (this call's "
-        "argument among them)");
+  m.def("holders", &holders,
+        "References to a gradient's TensorImpl and StorageImpl, or -1 where "
+        "it is not a whole, torch-owned storage");
   // What the Python side expects of these functions' arguments and
   // results: kcla_mm/models/layers/kcla/compiled.py's KERNEL_INTERFACE,
   // raised with every change to them, so that a build of older sources is

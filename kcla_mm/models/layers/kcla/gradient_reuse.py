@@ -7,16 +7,20 @@ pages fault in again at every train step).
 Nothing guarantees that a node is the only holder of the gradients the
 engine hands it: ``AddBackward`` passes one tensor to both of its inputs, a
 leaf's ``AccumulateGrad`` may keep it as the leaf's ``.grad``, a tensor hook
-may keep it (Grad-CAM does), and ``cat``'s backward hands out views of one
-larger gradient. Autograd itself accumulates in place only into a gradient
-that nothing else holds (``InputBuffer``'s ``use_count() == 1``); the test
-here is the same, at the three levels that can hold a tensor: the Python
-object's references, the ``TensorImpl``'s and the storage's. What they are
-for a gradient that nothing else holds depends on the versions of torch and
+may keep it (Grad-CAM does) or its storage, and ``cat``'s backward hands
+out views of one larger gradient. Autograd itself accumulates in place only
+into a gradient that nothing else holds (``InputBuffer``'s
+``use_count() == 1``); the test here is the same, at the three levels that
+can hold a tensor: the Python object's references, the ``TensorImpl``'s and
+the storage's (counted by the kernels' ``holders``, which also leave out
+memory that torch does not own: numpy's, DLPack's). What the counts are for
+a gradient that nothing else holds depends on the versions of torch and
 Python (the engine's argument tuple, the pybind argument, the frames of
 ``Function.backward``), so a probe node measures them once per process, and
-checks that a shared gradient and a kept one count differently; where it
-cannot tell them apart, nothing is reused.
+checks that shared and kept gradients count differently; where it cannot
+tell them apart, nothing is reused. Nor is anything while a Python trace or
+profile function is set: one that reads the frames' locals (a debugger, a
+call logger) holds references of its own, which shift the counts.
 """
 import sys
 import threading
@@ -35,20 +39,26 @@ _probe_lock = threading.Lock()
 
 
 def holders(grad: Optional[Tensor]) -> Optional[Holders]:
-    """The references to a dense, contiguous gradient that spans its whole
-    storage; None for anything else (none, a view, an expanded or offset
-    one, or no kernels to count with), which is never reused."""
-    if (grad is None or grad.layout != torch.strided or grad._is_view()
-            or not grad.is_contiguous() or grad.storage_offset() != 0
-            or grad.untyped_storage().nbytes()
-            != grad.numel() * grad.element_size()):
+    """The references to a contiguous gradient that spans the whole of a
+    storage torch owns; None for anything else (none, a view, an expanded
+    or offset one, numpy's memory, or no kernels to count with), which is
+    never reused."""
+    if grad is None:
         return None
     from .compiled import extension  # compiled imports this module
     ext = extension()
     if ext is None:
         return None
-    return (sys.getrefcount(grad), ext.use_count(grad),
-            torch._C._storage_Use_Count(grad.untyped_storage()._cdata))
+    impl, storage = ext.holders(grad)
+    if impl < 0:
+        return None
+    return sys.getrefcount(grad), impl, storage
+
+
+def traced() -> bool:
+    """Whether a Python trace or profile function is set (module
+    docstring)."""
+    return sys.gettrace() is not None or sys.getprofile() is not None
 
 
 def reusable_gradients(*grads: Optional[Tensor]) -> Tuple[bool, ...]:
@@ -61,7 +71,7 @@ def reusable_gradients(*grads: Optional[Tensor]) -> Tuple[bool, ...]:
         _probe_seen.append(seen)
         return (False, ) * len(grads)
     unshared = unshared_holders()
-    return tuple(h is not None and h == unshared for h in seen)
+    return tuple(unshared is not None and h == unshared for h in seen)
 
 
 class _Probe(torch.autograd.Function):
@@ -85,7 +95,8 @@ def _probe(loss) -> List[Tuple[Optional[Holders], ...]]:
     _probe_seen = []
     try:
         with torch.enable_grad():
-            loss(torch.zeros(8, device='cpu', requires_grad=True)).backward()
+            x = torch.zeros(8, device='cpu', requires_grad=True)
+            loss(x).backward()
         return _probe_seen
     finally:
         _probe_seen = None
@@ -118,18 +129,30 @@ def _kept_by_a_hook(x: Tensor) -> Tensor:
     return (a * 2.).sum() + (b * 3.).sum()
 
 
-@lru_cache(maxsize=None)
+def _storage_kept_by_a_hook(x: Tensor) -> Tensor:
+    kept = []
+    a, b = _Probe.apply(x)
+    a.register_hook(lambda grad: kept.append(grad.untyped_storage()))
+    return (a * 2.).sum() + (b * 3.).sum()
+
+
 def unshared_holders() -> Optional[Holders]:
-    """The holders of a gradient that nothing but the backward call holds,
-    or None where the probe cannot tell a shared or kept gradient from
-    it. Measured once, at the first call (outside any backward pass:
-    :func:`.compiled_update` calls it before its node)."""
+    """The holders of a gradient that nothing but the backward call holds;
+    None where the probe cannot tell a shared or kept gradient from it, and
+    while a trace or profile function is set. Measured once, at the first
+    call without one (outside any backward pass: :func:`.compiled_update`
+    calls it before its node)."""
+    return None if traced() else _calibrated()
+
+
+@lru_cache(maxsize=None)
+def _calibrated() -> Optional[Holders]:
     with _probe_lock:
         unshared = _probe(_unshared)
         shared = [
             _probe(loss)
             for loss in (_shared_with_itself, _shared_with_a_later_node,
-                         _kept_by_a_hook)
+                         _kept_by_a_hook, _storage_kept_by_a_hook)
         ]
     if len(unshared) != 1 or any(len(seen) != 1 for seen in shared):
         return None

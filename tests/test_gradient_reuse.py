@@ -19,13 +19,23 @@ from official_reference import randomise_
 skip_module_without_extension('whose backward this module tests')
 
 
+@pytest.fixture(autouse=True)
+def untraced():
+    """Each test without the trace and profile functions of the run
+    (coverage's, a debugger's), under which nothing is reused; restored
+    after it."""
+    trace, profile = sys.gettrace(), sys.getprofile()
+    sys.settrace(None)
+    sys.setprofile(None)
+    yield
+    sys.settrace(trace)
+    sys.setprofile(profile)
+
+
 @pytest.fixture
 def written_over(monkeypatch):
     """(grad_x written over grad_out, grad_u_prev over grad_u) for each
     call of the kernels' backward, as the layer called it."""
-    if gradient_reuse.traced():
-        pytest.skip('a trace or profile function (coverage, a debugger) is '
-                    'set, under which nothing is reused')
     ext = kcla_compiled.extension()
     calls = []
     backward = ext.branch_backward

@@ -102,9 +102,12 @@ def _probe(loss) -> List[Tuple[Optional[Holders], ...]]:
         _probe_seen = None
 
 
-def _unshared(x: Tensor) -> Tensor:
-    # Each output's gradient is a new tensor of its own MulBackward.
+def _unshared(x: Tensor, hook=None) -> Tensor:
+    # Each output's gradient is a new tensor of its own MulBackward; a hook
+    # on the first may keep it.
     a, b = _Probe.apply(x)
+    if hook is not None:
+        a.register_hook(hook)
     return (a * 2.).sum() + (b * 3.).sum()
 
 
@@ -123,17 +126,12 @@ def _shared_with_a_later_node(x: Tensor) -> Tensor:
 
 
 def _kept_by_a_hook(x: Tensor) -> Tensor:
-    kept = []
-    a, b = _Probe.apply(x)
-    a.register_hook(kept.append)
-    return (a * 2.).sum() + (b * 3.).sum()
+    return _unshared(x, hook=[].append)
 
 
 def _storage_kept_by_a_hook(x: Tensor) -> Tensor:
     kept = []
-    a, b = _Probe.apply(x)
-    a.register_hook(lambda grad: kept.append(grad.untyped_storage()))
-    return (a * 2.).sum() + (b * 3.).sum()
+    return _unshared(x, hook=lambda grad: kept.append(grad.untyped_storage()))
 
 
 def unshared_holders() -> Optional[Holders]:

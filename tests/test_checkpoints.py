@@ -135,6 +135,23 @@ def test_converter_rejects_other_files(tmp_path, repo_root):
     assert result.returncode == 1 and 'no such file' in result.stderr
 
 
+def test_converter_names_the_key_that_holds_the_weights(tmp_path):
+    """A file that keeps the official weights under a key the converter
+    does not read (here 'model', as some training scripts save) is refused
+    with a message that names that key, not only the file's top keys."""
+    state = {
+        f'module.{k}': v
+        for k, v in OfficialKCLAResNet(50).state_dict().items()
+    }
+    torch.save({'model': state, 'epoch': 3}, tmp_path / 'nested.pth')
+    with pytest.raises(OfficialCheckpointError) as error:
+        convert_official_checkpoint(str(tmp_path / 'nested.pth'))
+    message = str(error.value)
+    assert "found e.g. ['epoch', 'model']" in message
+    assert "the weights are under 'model'" in message
+    assert "one under 'state_dict'" in message
+
+
 @pytest.mark.parametrize(
     'key',
     [

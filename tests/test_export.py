@@ -420,13 +420,30 @@ def test_checkpoint_that_does_not_match_is_named(tmp_path, capsys):
                        '--backbone', '--out', tmp_path / 'x.onnx', '--shape',
                        32, 32)
     assert f'checkpoint {tmp_path / "wide.pth"} does not match' in err
-    assert 'size mismatch for conv1.weight' in err
+    assert ('of another shape: conv1.weight (32, 3, 7, 7) in the checkpoint,'
+            ' (16, 3, 7, 7) in the model, ') in err
+    assert 'missing' not in err and 'unexpected' not in err
     del state['conv1.weight']
     torch.save({'state_dict': state}, tmp_path / 'missing.pth')
     err = failing_tool(tmp_path, capsys, cfg, tmp_path / 'missing.pth',
                        '--backbone', '--out', tmp_path / 'x.onnx', '--shape',
                        32, 32)
-    assert 'Missing key(s)' in err and 'conv1.weight' in err
+    assert ': missing: conv1.weight; of another shape: ' in err
+    # A whole model's weights under an unknown prefix: every key is
+    # missing and unexpected; the message counts them and names three.
+    small = KCLAResNet(depth=18, base_channels=16, head_dim=8).state_dict()
+    torch.save({'state_dict': {
+        f'encoder.{k}': v
+        for k, v in small.items()
+    }}, tmp_path / 'prefixed.pth')
+    err = failing_tool(tmp_path, capsys, cfg, tmp_path / 'prefixed.pth',
+                       '--backbone', '--out', tmp_path / 'x.onnx', '--shape',
+                       32, 32)
+    first = list(small)[:3]
+    assert (f'missing: {", ".join(first)}, ... ({len(small)} in all); '
+            f'unexpected: {", ".join("encoder." + k for k in first)}, ... '
+            f'({len(small)} in all)') in err
+    assert 'encoder.layer4' not in err
     err = failing_tool(tmp_path, capsys, cfg, tmp_path / 'absent.pth',
                        '--backbone', '--out', tmp_path / 'x.onnx', '--shape',
                        32, 32)

@@ -274,11 +274,40 @@ def load_weights(model: nn.Module, checkpoint: str, config: str,
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        first = str(exc).split('\n\t')
-        detail = '; '.join(line.strip() for line in first[1:4])
         raise ExportError(
             f'checkpoint {checkpoint} does not match the model of config '
-            f'{config}: {detail or first[0]}') from exc
+            f'{config}: '
+            f'{state_mismatch(model.state_dict(), state) or exc}') from exc
+
+
+def state_mismatch(expected: Dict[str, Any],
+                   found: Dict[str, Any],
+                   shown: int = 3) -> str:
+    """What keeps ``found`` from loading where ``expected`` is the
+    model's state dict: the keys missing from it, those it has in excess
+    and those of another shape, each as a count and its first ``shown``
+    keys (torch's own message lists every key, hundreds for a detector
+    whose checkpoint lacks a prefix); '' where the keys and shapes agree."""
+
+    def listed(what: str, keys: List[str]) -> Optional[str]:
+        if not keys:
+            return None
+        more = f', ... ({len(keys)} in all)' if len(keys) > shown else ''
+        return f'{what}: {", ".join(keys[:shown])}{more}'
+
+    def shape(t: Any) -> Optional[tuple]:
+        return tuple(t.shape) if isinstance(t, Tensor) else None
+
+    parts = [
+        listed('missing', [k for k in expected if k not in found]),
+        listed('unexpected', [k for k in found if k not in expected]),
+        listed('of another shape', [
+            f'{k} {shape(found[k])} in the checkpoint, {shape(v)} in the '
+            'model' for k, v in expected.items()
+            if k in found and shape(found[k]) != shape(v)
+        ]),
+    ]
+    return '; '.join(p for p in parts if p)
 
 
 @contextlib.contextmanager

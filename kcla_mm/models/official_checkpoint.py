@@ -119,19 +119,34 @@ def read_official_weights(path: str, wrappers: Sequence[str],
         if isinstance(ckpt.get(wrapper), dict):
             ckpt = ckpt[wrapper]
             break
-    state = {
-        (k[len('module.'):] if k.startswith('module.') else k): v
-        for k, v in ckpt.items()
-    }
+    state = _without_module_prefix(ckpt)
     if not recognised(state):
+        nested = [
+            k for k, v in state.items()
+            if isinstance(v, dict) and recognised(_without_module_prefix(v))
+        ]
+        where = (
+            f'; the weights are under {nested[0]!r}, which the converter '
+            f'does not read (it reads a bare state dict or one under '
+            f'{" or ".join(map(repr, wrappers))}): save that entry on its '
+            f'own and convert the new file' if nested else '')
         raise OfficialCheckpointError(
             f'{path} is not an official {expected} (found e.g. '
-            f'{sorted(state)[:3]})')
+            f'{sorted(map(str, state))[:3]}){where}')
     bad = [k for k, v in state.items() if not isinstance(v, Tensor)]
     if bad:
         raise OfficialCheckpointError(
             f'{path}: state_dict entries that are not tensors: {bad[:5]}')
     return state
+
+
+def _without_module_prefix(state: dict) -> dict:
+    """``state`` without DataParallel's ``module.`` prefix on its keys."""
+    prefix = 'module.'
+    return {
+        (k[len(prefix):] if str(k).startswith(prefix) else k): v
+        for k, v in state.items()
+    }
 
 
 def map_official_tensors(

@@ -143,13 +143,29 @@ def test_converter_names_the_key_that_holds_the_weights(tmp_path):
         f'module.{k}': v
         for k, v in OfficialKCLAResNet(50).state_dict().items()
     }
-    torch.save({'model': state, 'epoch': 3}, tmp_path / 'nested.pth')
+    torch.save({
+        'model': state,
+        'epoch': 3,
+        'ema': {
+            0: torch.zeros(1)
+        }
+    }, tmp_path / 'nested.pth')
     with pytest.raises(OfficialCheckpointError) as error:
         convert_official_checkpoint(str(tmp_path / 'nested.pth'))
     message = str(error.value)
-    assert "found e.g. ['epoch', 'model']" in message
+    assert "found e.g. ['ema', 'epoch', 'model']" in message
     assert "the weights are under 'model'" in message
     assert "one under 'state_dict'" in message
+    # Keys that are not names are told apart from the weights, not a crash.
+    torch.save({0: torch.zeros(1)}, tmp_path / 'indexed.pth')
+    with pytest.raises(OfficialCheckpointError, match=r"found e.g. \['0'\]"):
+        convert_official_checkpoint(str(tmp_path / 'indexed.pth'))
+    state[7] = torch.zeros(1)
+    torch.save({'state_dict': state}, tmp_path / 'mixed.pth')
+    with pytest.raises(
+            OfficialCheckpointError,
+            match=r'keys that are not parameter names: \[7\]'):
+        convert_official_checkpoint(str(tmp_path / 'mixed.pth'))
 
 
 @pytest.mark.parametrize(

@@ -119,11 +119,19 @@ def read_official_weights(path: str, wrappers: Sequence[str],
         if isinstance(ckpt.get(wrapper), dict):
             ckpt = ckpt[wrapper]
             break
+
+    def official(entries: dict) -> bool:
+        # Files may hold keys of any type (an optimizer's state by index).
+        return recognised({
+            k: v
+            for k, v in _without_module_prefix(entries).items()
+            if isinstance(k, str)
+        })
+
     state = _without_module_prefix(ckpt)
-    if not recognised(state):
+    if not official(state):
         nested = [
-            k for k, v in state.items()
-            if isinstance(v, dict) and recognised(_without_module_prefix(v))
+            k for k, v in state.items() if isinstance(v, dict) and official(v)
         ]
         where = (
             f'; the weights are under {nested[0]!r}, which the converter '
@@ -137,6 +145,11 @@ def read_official_weights(path: str, wrappers: Sequence[str],
     if bad:
         raise OfficialCheckpointError(
             f'{path}: state_dict entries that are not tensors: {bad[:5]}')
+    unnamed = [k for k in state if not isinstance(k, str)]
+    if unnamed:
+        raise OfficialCheckpointError(
+            f'{path}: state_dict keys that are not parameter names: '
+            f'{unnamed[:5]}')
     return state
 
 

@@ -444,6 +444,15 @@ def test_checkpoint_that_does_not_match_is_named(tmp_path, capsys):
             f'unexpected: {", ".join("encoder." + k for k in first)}, ... '
             f'({len(small)} in all)') in err
     assert 'encoder.layer4' not in err
+    # A key that is not a name is named, not a crash.
+    torch.save({'state_dict': {
+        **small, 0: torch.zeros(1)
+    }}, tmp_path / 'indexed.pth')
+    err = failing_tool(tmp_path, capsys, cfg, tmp_path / 'indexed.pth',
+                       '--backbone', '--out', tmp_path / 'x.onnx', '--shape',
+                       32, 32)
+    assert ('indexed.pth: state_dict keys that are not parameter names: '
+            '[0]') in err
     err = failing_tool(tmp_path, capsys, cfg, tmp_path / 'absent.pth',
                        '--backbone', '--out', tmp_path / 'x.onnx', '--shape',
                        32, 32)

@@ -263,14 +263,18 @@ def load_weights(model: nn.Module, checkpoint: str, config: str,
     if not isinstance(state, dict):
         raise ExportError(f'checkpoint {checkpoint} holds no state dict')
     state = {
-        k[len('module.'):] if k.startswith('module.') else k: v
+        k[len('module.'):] if str(k).startswith('module.') else k: v
         for k, v in state.items()
     }
-    if backbone_only and any(k.startswith('backbone.') for k in state):
+    if backbone_only and any(str(k).startswith('backbone.') for k in state):
         state = {
             k[len('backbone.'):]: v
-            for k, v in state.items() if k.startswith('backbone.')
+            for k, v in state.items() if str(k).startswith('backbone.')
         }
+    unnamed = [k for k in state if not isinstance(k, str)]
+    if unnamed:
+        raise ExportError(f'checkpoint {checkpoint}: state_dict keys that are '
+                          f'not parameter names: {unnamed[:5]}')
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

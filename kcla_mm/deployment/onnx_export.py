@@ -41,6 +41,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..torch_compat import load_checkpoint_file
+from ..utils.checkpoint_loading import without_module_prefix
 from ..utils.cli import default_file_mode
 from ..utils.config import is_pretrained_init
 
@@ -262,10 +263,7 @@ def load_weights(model: nn.Module, checkpoint: str, config: str,
     state = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(state, dict):
         raise ExportError(f'checkpoint {checkpoint} holds no state dict')
-    state = {
-        k[len('module.'):] if str(k).startswith('module.') else k: v
-        for k, v in state.items()
-    }
+    state = without_module_prefix(state)
     if backbone_only and any(str(k).startswith('backbone.') for k in state):
         state = {
             k[len('backbone.'):]: v

@@ -17,7 +17,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 from torch import Tensor
 
 from ..utils.checkpoint_loading import (CheckpointError, CheckpointFileError,
-                                        load_checkpoint)
+                                        load_checkpoint, without_module_prefix)
 from .backbones import KCLAResNet, KCLAResNetCIFAR
 from .backbones.cifar_resnet import CIFAR_BLOCKS
 
@@ -124,11 +124,11 @@ def read_official_weights(path: str, wrappers: Sequence[str],
         # Files may hold keys of any type (an optimizer's state by index).
         return recognised({
             k: v
-            for k, v in _without_module_prefix(entries).items()
+            for k, v in without_module_prefix(entries).items()
             if isinstance(k, str)
         })
 
-    state = _without_module_prefix(ckpt)
+    state = without_module_prefix(ckpt)
     if not official(state):
         nested = [
             k for k, v in state.items() if isinstance(v, dict) and official(v)
@@ -151,15 +151,6 @@ def read_official_weights(path: str, wrappers: Sequence[str],
             f'{path}: state_dict keys that are not parameter names: '
             f'{unnamed[:5]}')
     return state
-
-
-def _without_module_prefix(state: dict) -> dict:
-    """``state`` without DataParallel's ``module.`` prefix on its keys."""
-    prefix = 'module.'
-    return {
-        (k[len(prefix):] if str(k).startswith(prefix) else k): v
-        for k, v in state.items()
-    }
 
 
 def map_official_tensors(

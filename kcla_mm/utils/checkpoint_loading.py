@@ -47,7 +47,8 @@ from ..torch_compat import WEIGHTS_ONLY_ALLOW_LIST
 __all__ = [
     'CheckpointError', 'CheckpointFileError', 'NonFiniteCheckpointError',
     'load_checkpoint', 'probe_checkpoint_file', 'find_nonfinite_tensors',
-    'check_finite', 'checked_checkpoint_loading', 'is_local_path'
+    'check_finite', 'checked_checkpoint_loading', 'is_local_path',
+    'without_module_prefix'
 ]
 
 #: What ``weights_only`` loading admits in kcla_mm (see
@@ -426,3 +427,13 @@ def is_local_path(path: str) -> bool:
     """Whether mmengine would read ``path`` with its local loader (no
     ``scheme://`` prefix)."""
     return '://' not in str(path)
+
+
+def without_module_prefix(state: dict) -> dict:
+    """``state`` without DataParallel's ``module.`` prefix on its keys
+    (keys of other types, which files may hold, as they are)."""
+    prefix = 'module.'
+    return {
+        (k[len(prefix):] if str(k).startswith(prefix) else k): v
+        for k, v in state.items()
+    }

@@ -124,14 +124,14 @@ def read_official_weights(path: str, wrappers: Sequence[str],
         # Files may hold keys of any type (an optimizer's state by index).
         return recognised({
             k: v
-            for k, v in without_module_prefix(entries).items()
-            if isinstance(k, str)
+            for k, v in entries.items() if isinstance(k, str)
         })
 
     state = without_module_prefix(ckpt)
     if not official(state):
         nested = [
-            k for k, v in state.items() if isinstance(v, dict) and official(v)
+            k for k, v in state.items()
+            if isinstance(v, dict) and official(without_module_prefix(v))
         ]
         where = (
             f'; the weights are under {nested[0]!r}, which the converter '

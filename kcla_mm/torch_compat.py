@@ -4,12 +4,14 @@ supports (torch >= 2.0; CI tests 2.1.2 and 2.13.0).
 
 The rest of the package calls these, never the version-specific API. The
 version checks run once, at import; :func:`has_mem_tracker` looks for its
-module when called, so that importing kcla_mm does not import
-torch.distributed.
+module when called, and :func:`onnx_export_flags` for the ONNX exporters'
+at its first call, so that importing kcla_mm imports neither
+torch.distributed nor those.
 """
 import importlib.util
 import sys
-from typing import Any, Sequence
+from functools import lru_cache
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 from mmengine.utils import digit_version
@@ -88,6 +90,27 @@ def in_process_group() -> bool:
             and dist.get_world_size() > 1)
 
 
+@lru_cache(maxsize=None)
+def onnx_export_flags() -> Optional[Tuple[Any, Any]]:
+    """(the TorchScript exporter's ``GLOBALS``, the dynamo exporter's
+    ``_flags`` module), found at the first call: the two flags that
+    ``torch.onnx.is_in_onnx_export`` of torch 2.13 reads, importing both
+    modules at every call (1.1 of the 1.6 us that :func:`is_exporting`
+    took, which every layer of an inference pays); None where torch keeps
+    them elsewhere (torch 2.1 reads one global of its own, cheaply), and
+    :func:`is_exporting` then asks torch. tests/test_torch_compat.py pins
+    that both answer alike."""
+    try:
+        from torch.onnx._internal.exporter import _flags
+        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+    except ImportError:
+        return None
+    if not (hasattr(GLOBALS, 'in_onnx_export')
+            and hasattr(_flags, '_is_onnx_exporting')):
+        return None
+    return GLOBALS, _flags
+
+
 def is_exporting() -> bool:
     """Whether the caller is being recorded into a graph for deployment:
     ``torch.jit.trace`` / ``torch.jit.script`` (which the TorchScript ONNX
@@ -101,7 +124,11 @@ def is_exporting() -> bool:
     """
     if torch.jit.is_tracing() or torch.jit.is_scripting():
         return True
-    if torch.onnx.is_in_onnx_export():
+    flags = onnx_export_flags()
+    if flags is None:
+        if torch.onnx.is_in_onnx_export():
+            return True
+    elif flags[0].in_onnx_export or flags[1]._is_onnx_exporting:
         return True
     query = getattr(getattr(torch, 'compiler', None), 'is_exporting', None)
     return query is not None and bool(query())

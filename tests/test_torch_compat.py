@@ -1,4 +1,5 @@
 """The torch version shims, on whichever stack runs the suite."""
+import io
 import warnings
 from collections import Counter
 
@@ -74,3 +75,41 @@ def test_allow_list_exactly_where_torch_has_it(tmp_path):
         # which is why load_checkpoint_file falls back to mmengine's way.
         with pytest.raises(Exception, match='(?i)unsupported|weights'):
             torch.load(path, weights_only=True)
+
+
+def test_export_query_answers_as_torch_onnx_does(monkeypatch):
+    """is_exporting reads the ONNX exporters' flags itself where torch keeps
+    them where :func:`.onnx_export_flags` looks (torch 2.13), and asks torch
+    elsewhere (torch 2.1): either way it follows torch's own answer."""
+    assert not torch_compat.is_exporting()
+    flags = torch_compat.onnx_export_flags()
+    if flags is None:
+        monkeypatch.setattr(torch.onnx, 'is_in_onnx_export', lambda: True)
+        assert torch_compat.is_exporting()
+        return
+    holders = dict(in_onnx_export=flags[0], _is_onnx_exporting=flags[1])
+    for name, holder in holders.items():
+        monkeypatch.setattr(holder, name, True)
+        assert torch.onnx.is_in_onnx_export()
+        assert torch_compat.is_exporting(), name
+        monkeypatch.setattr(holder, name, False)
+        assert not torch.onnx.is_in_onnx_export()
+        assert not torch_compat.is_exporting(), name
+
+
+def test_export_query_is_true_inside_onnx_export():
+    pytest.importorskip('onnx')
+    seen = []
+
+    class Probe(torch.nn.Module):
+
+        def forward(self, x):
+            seen.append(torch_compat.is_exporting())
+            return x + 1
+
+    kwargs = {}
+    if 'dynamo' in torch.onnx.export.__code__.co_varnames:
+        kwargs['dynamo'] = False
+    torch.onnx.export(Probe(), (torch.ones(2), ), io.BytesIO(), **kwargs)
+    assert seen and all(seen)
+    assert not torch_compat.is_exporting()

@@ -139,6 +139,57 @@ def test_implementations_read_the_bundle_not_the_module():
     assert not torch.equal(changed[0], expected[0])
 
 
+def attribute_reads(layer):
+    """What each module-held field of ``layer.params()`` should be, read by
+    plain attribute access."""
+    renorm = layer.renorm
+    return dict(
+        query_weight=layer.query_conv.weight,
+        key_weight=layer.key_conv.weight,
+        head_mix=layer.head_mix.weight,
+        tau=layer.tau,
+        value_weight=layer.value_conv.weight,
+        norm=layer.norm,
+        branch_scale=layer.branch_scale,
+        state_adapt=layer.state_adapt if renorm else None,
+        state_norm=layer.state_norm if renorm else None,
+        state_key_conv=layer.state_key_conv if renorm else None)
+
+
+@pytest.mark.parametrize('state_stride', [1, 2])
+def test_params_find_what_attribute_access_finds(state_stride):
+    """KCLALayer.params reads its children from ``Module._modules``, not
+    by attribute access: the same objects, also after children are
+    replaced, an adapter set where there was None, SyncBN conversion, and a
+    parameter turned into a plain tensor attribute (FSDP's views)."""
+    layer = KCLALayer(
+        64,
+        head_dim=16,
+        renorm=True,
+        state_channels=64 * state_stride,
+        state_stride=state_stride,
+        zero_init_branch=state_stride == 2)
+
+    def check():
+        params = layer.params()
+        for name, want in attribute_reads(layer).items():
+            assert getattr(params, name) is want, name
+
+    check()
+    assert (layer.state_adapt is None) == (state_stride == 1)
+    layer.value_conv = torch.nn.Conv2d(64, 64, 3, padding=1, groups=64)
+    layer.norm = torch.nn.Identity()
+    layer.state_adapt = torch.nn.Conv2d(
+        64 * state_stride, 64, 1, stride=state_stride, bias=False)
+    check()
+    layer = torch.nn.SyncBatchNorm.convert_sync_batchnorm(layer)
+    assert isinstance(layer.state_norm, torch.nn.SyncBatchNorm)
+    check()
+    del layer.key_conv.weight
+    layer.key_conv.weight = torch.ones(1, 1, 3)
+    check()
+
+
 def test_state_unpacks_as_the_pair_and_carries_its_tape():
     """``u, z = state`` is the paper's pair; a recomputing train step puts
     its tape in the explicit ``tape`` field, the other paths leave it

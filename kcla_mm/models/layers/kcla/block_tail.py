@@ -91,6 +91,8 @@ def fused_block_and_kcla(
         state: Optional[KCLAState]) -> Optional[Tuple[Tensor, KCLAState]]:
     """``layer(block(x), state)`` with the block's tail fused into the
     kernels where :func:`tail_fuses`; None (nothing run) elsewhere."""
+    if torch.is_grad_enabled():
+        return None  # a train step: what tail_fuses says first, unbuilt
     # Built once: at batch 1 the walk over the layer's modules costs as
     # much as a small plane's kernels.
     params = layer.params()

@@ -92,7 +92,8 @@ def fused_block_and_kcla(
     """``layer(block(x), state)`` with the block's tail fused into the
     kernels where :func:`tail_fuses`; None (nothing run) elsewhere."""
     if torch.is_grad_enabled():
-        return None  # a train step: what tail_fuses says first, unbuilt
+        # tail_fuses' first check: no need to build params to hear it.
+        return None
     # Built once: at batch 1 the walk over the layer's modules costs as
     # much as a small plane's kernels.
     params = layer.params()

@@ -124,7 +124,9 @@ def is_exporting() -> bool:
     """
     if torch.jit.is_tracing() or torch.jit.is_scripting():
         return True
-    flags = onnx_export_flags()
+    # Under torch.compile, torch's own query, which dynamo knows; it would
+    # break the graph at onnx_export_flags.
+    flags = None if is_compiling() else onnx_export_flags()
     if flags is None:
         if torch.onnx.is_in_onnx_export():
             return True

@@ -227,8 +227,8 @@ class KCLALayer(BaseModule):
         # Children from the dict that Module.__setattr__ and add_module keep
         # them in (a None adapter is a plain attribute, hence .get): each
         # self.<child> is a Python-level Module.__getattr__ call, and every
-        # layer of an inference pays this method once (11 us a call against
-        # 4.6 us so, torch 2.13 on this project's VM).
+        # layer of an inference pays this method once (timeit, torch 2.13,
+        # a re-normalising layer: 11 us a call that way, 4.6 us this way).
         modules = self._modules
         query_conv = modules['query_conv']
         return KCLAParams(

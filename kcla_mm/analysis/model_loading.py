@@ -95,7 +95,8 @@ def load_backbone_weights(model: nn.Module,
     """
     from mmengine.runner import CheckpointLoader, load_state_dict
 
-    from kcla_mm.utils.checkpoint_loading import checked_checkpoint_loading
+    from kcla_mm.utils.checkpoint_loading import (checked_checkpoint_loading,
+                                                  without_module_prefix)
     with checked_checkpoint_loading():
         ckpt = CheckpointLoader.load_checkpoint(
             checkpoint, map_location='cpu', logger='silent')
@@ -103,11 +104,12 @@ def load_backbone_weights(model: nn.Module,
         raise ValueError(f'checkpoint {checkpoint}: no state dict in it '
                          f'(a {type(ckpt).__name__})')
     state = ckpt.get('state_dict', ckpt)
-    prefix = 'backbone.' if any(k.startswith('backbone.')
-                                for k in state) else 'module.'
-    state = OrderedDict((k[len(prefix):] if k.startswith(prefix) else k, v)
-                        for k, v in state.items()
-                        if prefix == 'module.' or k.startswith(prefix))
+    prefix = 'backbone.'
+    if any(k.startswith(prefix) for k in state):
+        state = OrderedDict((k[len(prefix):], v) for k, v in state.items()
+                            if k.startswith(prefix))
+    else:
+        state = without_module_prefix(state)
     try:
         load_state_dict(model, state, strict=True, logger=None)
     except RuntimeError as exc:

@@ -255,3 +255,51 @@ def test_the_backbone_asks_the_attention_module():
     with torch.no_grad():
         model(torch.rand(1, 3, 32, 32))
     assert calls == list(model.layer1)
+
+
+@pytest.mark.parametrize('name', ['mmdet-r18', 'mmdet-r50-caffe'])
+def test_a_kept_conv_output_is_not_written_over(name):
+    """The tail writes the block output over its last conv's output only
+    where nothing can hold that: a forward hook on that conv (which turns
+    only the in-place write off, not the fusion) keeps its output as the
+    conv returned it, and the features are the same either way."""
+    model = build(name)
+    x = torch.rand(2, 3, 67, 53)
+    with torch.no_grad():
+        want = model(x)
+        for block, layer, block_in, state in walk(model, x):
+            conv = block.conv3 if hasattr(block, 'conv3') else block.conv2
+            kept = []
+            handle = conv.register_forward_hook(
+                lambda m, args, out: kept.append((out, out.clone())))
+            try:
+                assert tail_fuses(block, layer, block_in, state)
+                fused_block_and_kcla(block, layer, block_in, state)
+            finally:
+                handle.remove()
+            (out, as_returned), = kept
+            assert torch.equal(out, as_returned)
+        got = model(x)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_only_a_state_of_its_own_is_written_over():
+    """compiled_forward writes U^t over Algorithm 1's new state, which it
+    made, and over nothing else (owns_new_state)."""
+    from kcla_mm.models.layers.kcla.compiled import owns_new_state
+    x = torch.rand(2, 8, 5, 5)
+    incoming = torch.rand(2, 8, 5, 5)
+    assert owns_new_state(torch.rand(2, 8, 5, 5), incoming, x)
+    assert not owns_new_state(incoming, incoming, x)
+    assert not owns_new_state(incoming.view(2, 8, 5, 5), incoming, x)
+    assert not owns_new_state(torch.rand(2, 8, 6, 5)[:, :, :5], incoming, x)
+    assert not owns_new_state(
+        torch.rand(2, 8, 5, 5).contiguous(memory_format=torch.channels_last),
+        incoming, x)
+    assert not owns_new_state(torch.rand(2, 8, 5, 5).double(), incoming, x)
+    assert not owns_new_state(torch.rand(2, 8, 4, 4), incoming, x)
+    assert not owns_new_state(
+        torch.rand(2, 8, 5, 5, requires_grad=True), incoming, x)
+    assert not owns_new_state(
+        torch.rand(100)[50:].view(2, 1, 5, 5), incoming[:, :1], x[:, :1])

@@ -311,9 +311,10 @@ KCLA_CLONES void relu_residual(T* out, const T* x, const T* __restrict v,
   }
 }
 
-// out = max(a (pre - mean) + beta + identity, 0); returns sum out.
+// out = max(a (pre - mean) + beta + identity, 0); returns sum out. out may
+// be pre (each value is read before the same index is written).
 template <typename T>
-KCLA_CLONES double relu_add_norm(T* __restrict out, const T* __restrict pre,
+KCLA_CLONES double relu_add_norm(T* out, const T* pre,
                                  const T* __restrict identity, T mean, T a,
                                  T beta, int64_t n) {
   double total = 0;
@@ -1004,13 +1005,15 @@ std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
 //   x = max(a_c (pre - mean_c) + beta_c + identity, 0)
 // (centred first, as PyTorch's BN). Returns (x, its plane means (N, C) in
 // float64). Where the block ran its norm, add and ReLU as three ops over
-// memory and the layer a fourth to pool, this is one.
+// memory and the layer a fourth to pool, this is one. inplace writes x over
+// pre.
 std::vector<Tensor> block_tail_forward(const Tensor& pre,
                                        const Tensor& identity,
                                        const c10::optional<Tensor>& gamma,
                                        const c10::optional<Tensor>& beta,
                                        const Tensor& running_mean,
-                                       const Tensor& running_var, double eps) {
+                                       const Tensor& running_var, double eps,
+                                       bool inplace) {
   TORCH_CHECK(pre.dim() == 4 && pre.sizes() == identity.sizes() &&
                   pre.is_contiguous() && identity.is_contiguous() &&
                   pre.scalar_type() == identity.scalar_type(),
@@ -1018,7 +1021,9 @@ std::vector<Tensor> block_tail_forward(const Tensor& pre,
               "(N, C, H, W) tensors of one shape and dtype");
   const int64_t N = pre.size(0), C = pre.size(1),
                 HW = pre.size(2) * pre.size(3);
-  Tensor x = at::empty_like(pre);
+  TORCH_CHECK(!pre.is_alias_of(identity),
+              "kcla block_tail_forward: identity must not share pre's memory");
+  Tensor x = inplace ? pre : at::empty_like(pre);
   Tensor means = at::empty({N, C}, pre.options().dtype(at::kDouble));
   AT_DISPATCH_FLOATING_TYPES(pre.scalar_type(), "kcla_block_tail", [&] {
     using T = scalar_t;
@@ -1266,5 +1271,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // results: kcla_mm/models/layers/kcla/compiled.py's KERNEL_INTERFACE,
   // raised with every change to them, so that a build of older sources is
   // not called with the new arguments.
-  m.attr("interface") = 2;
+  m.attr("interface") = 3;
 }

@@ -7,8 +7,9 @@ memory in eager PyTorch (the ReLU and the add in place), and the KCLA layer
 then reads the result once more for its pooled vectors and again for its
 branch. :func:`fused_block_and_kcla` runs the block's own modules up to its
 last conv, then one kernel for the norm (running statistics), the add, the
-ReLU and the plane means, and writes the layer's output over that fresh
-block output, which nothing else holds.
+ReLU and the plane means, written over that conv's output where nothing
+else can hold it (a plain ``nn.Conv2d`` without hooks), and writes the
+layer's output over that fresh block output, which nothing else holds.
 
 It applies only where nothing could tell the difference: no autograd, a
 block and layer in eval mode, one of mmdet's or mmseg's plain ``BasicBlock``
@@ -58,6 +59,14 @@ def has_hooks(module: nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
+def plain_conv(conv: nn.Module) -> bool:
+    """Whether ``conv`` is a plain ``nn.Conv2d`` without hooks: its forward
+    is ``F.conv2d`` (as :class:`.RecomputedInputConv` computes it), whose
+    output is a new tensor that nothing else has seen."""
+    return (type(conv) is nn.Conv2d and conv.padding_mode == 'zeros'
+            and not isinstance(conv.padding, str) and not has_hooks(conv))
+
+
 def tail_norm(block: nn.Module) -> nn.Module:
     """The norm before the block's residual add."""
     return block.norm3 if isinstance(block, BOTTLENECKS) else block.norm2
@@ -103,16 +112,17 @@ def fused_block_and_kcla(
     out = block.relu(block.norm1(block.conv1(x)))
     if isinstance(block, BOTTLENECKS):
         out = block.relu(block.norm2(block.conv2(out)))
-        pre = block.conv3(out)
+        conv = block.conv3
     else:
-        pre = block.conv2(out)
+        conv = block.conv2
+    pre = conv(out)
     identity = x if block.downsample is None else block.downsample(x)
     norm = tail_norm(block)
-    block_out, means = extension().block_tail_forward(pre.contiguous(),
-                                                      identity.contiguous(),
-                                                      norm.weight, norm.bias,
-                                                      norm.running_mean,
-                                                      norm.running_var,
-                                                      norm.eps)
+    # The block's output is written over its last conv's where nothing else
+    # can hold that: at detection sizes each stage-1 plane set is a fresh
+    # mmap of some 60 MB, whose pages fault in again at every forward.
+    block_out, means = extension().block_tail_forward(
+        pre.contiguous(), identity.contiguous(), norm.weight, norm.bias,
+        norm.running_mean, norm.running_var, norm.eps, plain_conv(conv))
     return compiled_forward(
         params, block_out, state, means=means, overwrite_x=True)

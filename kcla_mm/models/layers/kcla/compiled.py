@@ -77,7 +77,7 @@ def extension() -> Optional[ModuleType]:
 #: built module, raised with every change to the functions' arguments or
 #: results): a build of older sources, left in a source tree that was
 #: updated without reinstalling, is not loaded.
-KERNEL_INTERFACE = 2
+KERNEL_INTERFACE = 3
 
 
 @lru_cache(maxsize=None)
@@ -338,18 +338,24 @@ def compiled_forward(p: KCLAParams,
     kernels.
 
     Without autograd, ``means`` may give ``x``'s plane means (N, C) in
-    float64, and ``overwrite_x`` let the output be written over ``x`` (the
-    state is still not updated in place): both for a caller that made
-    ``x`` itself (:mod:`.block_tail`)."""
+    float64, and ``overwrite_x`` let the output be written over ``x``: both
+    for a caller that made ``x`` itself (:mod:`.block_tail`). The incoming
+    state is never written over (its caller may hold it); Algorithm 1's new
+    one, which this call makes, is (:func:`owns_new_state`)."""
     if differentiates(p, x, state):
         return recomputed_forward(p, x, state, update=compiled_update)
     ext = extension()
+    # Whether U^t may be written over U^{t-1}: only over a state that this
+    # call made itself (Algorithm 1's), which nothing else holds.
+    state_inplace = False
     if state is not None and p.renorm:
+        incoming = state.u
         with phase('renormalise'):
             if renormalise_compiles(p, state):
                 state = compiled_renormalise(p, state)
             else:
                 state = renormalise_in_forward(p, state)
+        state_inplace = owns_new_state(state.u, incoming, x)
     with phase('pooled'):
         w, z, scale = ext.pooled_forward(x, p.query_weight, p.key_weight,
                                          p.tau, p.clamp, p.head_mix,
@@ -363,9 +369,19 @@ def compiled_forward(p: KCLAParams,
     with phase('update_branch'):
         out, u, mean, var = ext.branch_forward(
             x, None if state is None else state.u, w, scale, p.value_weight,
-            *norm_args(norm,
-                       batch_stats), batch_stats, norm.eps, p.branch_scale,
-            None if mask is None else mask.view(-1), out_in_place, False)
+            *norm_args(norm, batch_stats), batch_stats, norm.eps,
+            p.branch_scale, None if mask is None else mask.view(-1),
+            out_in_place, state_inplace)
     if batch_stats:
         update_running_stats(norm, mean, var, x.numel() // x.shape[1])
     return out, KCLAState(u, z)
+
+
+def owns_new_state(u: Tensor, incoming: Tensor, x: Tensor) -> bool:
+    """Whether Algorithm 1's new state ``u``, made without autograd by the
+    call itself from the ``incoming`` one, is a whole tensor of its own
+    that the kernels can write ``U^t`` over: not the incoming state nor a
+    view, contiguous and of ``x``'s shape and dtype."""
+    return (u is not incoming and not u.requires_grad and not u._is_view()
+            and u.storage_offset() == 0 and u.is_contiguous()
+            and u.shape == x.shape and u.dtype == x.dtype)

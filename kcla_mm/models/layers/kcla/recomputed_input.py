@@ -37,7 +37,7 @@ from torch.nn.modules import module as module_hooks
 
 from ....torch_compat import in_process_group, is_compiling, is_exporting
 from ..profiling import phase
-from .block_tail import BOTTLENECKS, KNOWN_BLOCKS, has_hooks
+from .block_tail import BOTTLENECKS, KNOWN_BLOCKS, has_hooks, plain_conv
 from .compiled import CompiledUpdate, extension
 from .recompute import differentiable_once, saved
 from .state import KCLAState
@@ -103,13 +103,6 @@ class RecomputedInputConv(torch.autograd.Function):
             stride, padding, dilation, False, [0, 0], groups,
             [needs[2], needs[3], ctx.has_bias and needs[4]])
         return None, None, grad_x, grad_weight, grad_bias
-
-
-def plain_conv(conv: nn.Module) -> bool:
-    """Whether ``conv`` is a plain ``nn.Conv2d`` that
-    :class:`RecomputedInputConv` computes as its forward does."""
-    return (type(conv) is nn.Conv2d and conv.padding_mode == 'zeros'
-            and not isinstance(conv.padding, str) and not has_hooks(conv))
 
 
 def recomputable_downsample(block: nn.Module) -> bool:

@@ -471,6 +471,25 @@ def test_profile_kcla_threads_0_is_torch_default(capsys):
     assert torch.get_num_threads() == threads
 
 
+def test_profile_kcla_takes_the_benchmark_settings(capsys):
+    """--setting picks benchmark_backbone.py's input shapes and backbone
+    arguments; --eval-batch, --train-batch and --size override the
+    shapes."""
+    tool = load_tool('tools/analysis/profile_kcla.py')
+    assert tool.input_shape('detection', 'eval', None,
+                            None) == (1, 3, 800, 1216)
+    assert tool.input_shape('detection', 'train', None,
+                            None) == (2, 3, 512, 512)
+    assert tool.input_shape('imagenet', 'train', 3, 40) == (3, 3, 40, 40)
+    tool.main([
+        '--setting', 'detection', '--depth', '18', '--size', '32', '--repeats',
+        '1', '--warmup', '0', '--modes', 'eval'
+    ])
+    out = capsys.readouterr().out
+    assert 'detection setting' in out
+    assert 'eval (1x3x32x32, median of 1)' in out
+
+
 @pytest.mark.slow
 def test_profile_kcla_prints_the_phases_beside_resnet():
     log = output_of(sys.executable, 'tools/analysis/profile_kcla.py',

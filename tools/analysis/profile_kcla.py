@@ -3,11 +3,13 @@ train step, beside mmdet's ResNet of the same depth.
 
     python tools/analysis/profile_kcla.py --depth 50 --threads 1
 
-The two models alternate as in benchmark_backbone.py (same inputs: eval
-1x3x224x224, train step 8x3x224x224); each KCLA step is run once more under
-torch.profiler, which times its layers' ``kcla::`` phase labels
-(:mod:`kcla_mm.analysis.phase_profile`). Printed per
-mode: the median step times, and each phase's mean milliseconds per step
+The two models alternate as in benchmark_backbone.py (same settings:
+``--setting imagenet``, the default, is an eval forward of 1x3x224x224 and
+a train step of 8x3x224x224; ``--setting detection`` 1x3x800x1216 and
+2x3x512x512 with ``frozen_stages=1, norm_eval=True``); each KCLA step is
+run once more under torch.profiler, which times its layers' ``kcla::``
+phase labels (:mod:`kcla_mm.analysis.phase_profile`). Printed per mode:
+the median step times, and each phase's mean milliseconds per step
 and share of ResNet's step. "not in a phase" is the KCLA step's median
 minus ResNet's minus the phases: the autograd engine's work on the pooled
 vectors, the layers' Python, page faults outside the phases (a phase's own
@@ -46,20 +48,23 @@ def parse_args(argv=None):
         type=int_at_least('--threads', 0),
         default=1,
         help="torch intra-op threads; 0 is torch's default (all cores)")
-    # benchmark_backbone.py's ImageNet setting, by default.
-    imagenet = SETTINGS['imagenet']
+    parser.add_argument(
+        '--setting',
+        choices=sorted(SETTINGS),
+        default='imagenet',
+        help="benchmark_backbone.py's input sizes and backbone arguments")
     parser.add_argument(
         '--eval-batch',
         type=int_at_least('--eval-batch', 1),
-        default=imagenet['eval_shape'][0])
+        help="override the setting's eval batch")
     parser.add_argument(
         '--train-batch',
         type=int_at_least('--train-batch', 1),
-        default=imagenet['train_shape'][0])
+        help="override the setting's train batch")
     parser.add_argument(
         '--size',
         type=int_at_least('--size', 1),
-        default=imagenet['eval_shape'][-1])
+        help="override the setting's input sizes with SIZE x SIZE")
     parser.add_argument(
         '--repeats', type=int_at_least('--repeats', 1), default=5)
     parser.add_argument(
@@ -122,6 +127,13 @@ def profile_mode(models, step, warmup, repeats):
             statistics.median(times['kcla']), phases, faults)
 
 
+def input_shape(setting: str, mode: str, batch, size) -> tuple:
+    """The setting's input shape of ``mode``, with the batch and the square
+    size given on the command line where given."""
+    n, c, h, w = SETTINGS[setting][f'{mode}_shape']
+    return (batch or n, c, *((size, size) if size else (h, w)))
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.threads > 0:
@@ -132,16 +144,19 @@ def main(argv=None):
     if implementation == 'auto':
         implementation = 'compiled' if extension() is not None else 'fused'
     models = build_models(
-        args.depth, kcla_implementation=args.kcla_implementation)
+        args.depth,
+        kcla_implementation=args.kcla_implementation,
+        setting=args.setting)
     inputs = {
-        'eval': torch.randn(args.eval_batch, 3, args.size, args.size),
-        'train': torch.randn(args.train_batch, 3, args.size, args.size)
+        mode: torch.randn(*input_shape(args.setting, mode, batch, args.size))
+        for mode, batch in (('eval', args.eval_batch), ('train',
+                                                        args.train_batch))
     }
     steps = {'eval': eval_step, 'train': train_step}
     print(f'KCLAResNet-{args.depth} (kcla_implementation='
           f'{args.kcla_implementation}: {implementation} phases) vs '
-          f'ResNet-{args.depth}, cpu, {torch.get_num_threads()} thread(s), '
-          f'torch {torch.__version__}')
+          f'ResNet-{args.depth}, {args.setting} setting, cpu, '
+          f'{torch.get_num_threads()} thread(s), torch {torch.__version__}')
     for mode in ('eval', 'train'):
         if mode not in args.modes:
             continue

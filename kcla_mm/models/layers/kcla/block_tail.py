@@ -119,7 +119,7 @@ def fused_block_and_kcla(
     identity = x if block.downsample is None else block.downsample(x)
     norm = tail_norm(block)
     # The block's output is written over its last conv's where nothing else
-    # can hold that: at detection sizes each stage-1 plane set is a fresh
+    # can hold that: at detection sizes each stage-1 tensor is a fresh
     # mmap of some 60 MB, whose pages fault in again at every forward.
     block_out, means = extension().block_tail_forward(
         pre.contiguous(), identity.contiguous(), norm.weight, norm.bias,

@@ -13,7 +13,7 @@ import torch
 from mmengine.logging import HistoryBuffer
 
 from kcla_mm.analysis.benchmark import (can_measure_peak_rss, load_official,
-                                        median_memory)
+                                        median_memory, setting_shapes)
 from kcla_mm.analysis.complexity import (saved_activation_bytes,
                                          train_step_allocated_peak)
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
@@ -475,12 +475,10 @@ def test_profile_kcla_takes_the_benchmark_settings(capsys):
     """--setting picks benchmark_backbone.py's input shapes and backbone
     arguments; --eval-batch, --train-batch and --size override the
     shapes."""
+    assert setting_shapes('detection') == [(1, 3, 800, 1216), (2, 3, 512, 512)]
+    assert setting_shapes(
+        'imagenet', train_batch=3, size=40)[1] == (3, 3, 40, 40)
     tool = load_tool('tools/analysis/profile_kcla.py')
-    assert tool.input_shape('detection', 'eval', None,
-                            None) == (1, 3, 800, 1216)
-    assert tool.input_shape('detection', 'train', None,
-                            None) == (2, 3, 512, 512)
-    assert tool.input_shape('imagenet', 'train', 3, 40) == (3, 3, 40, 40)
     tool.main([
         '--setting', 'detection', '--depth', '18', '--size', '32', '--repeats',
         '1', '--warmup', '0', '--modes', 'eval'

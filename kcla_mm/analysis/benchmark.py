@@ -59,6 +59,25 @@ DEPTHS = tuple(sorted(ResNet.arch_settings))
 #: settings).
 TRAIN_SETTINGS = {name: s['backbone'] for name, s in SETTINGS.items()}
 
+
+def setting_shapes(setting: str,
+                   eval_batch: Optional[int] = None,
+                   train_batch: Optional[int] = None,
+                   size: Optional[int] = None) -> List[Tuple[int, ...]]:
+    """[eval shape, train shape] of ``setting`` (:data:`SETTINGS`), with the
+    batches and the square input size given where given."""
+    shapes = []
+    for key, batch in (('eval_shape', eval_batch), ('train_shape',
+                                                    train_batch)):
+        n, c, h, w = SETTINGS[setting][key]
+        if batch is not None:
+            n = batch
+        if size is not None:
+            h = w = size
+        shapes.append((n, c, h, w))
+    return shapes
+
+
 #: The depths the official model is compared at: ``imagenet/kcla_resnet.py``
 #: of github bgx666/KCLA builds ResNet-50 and -101; its ``resnet18_kcla`` is
 #: four Bottleneck blocks, not ResNet-18's eight basic ones.

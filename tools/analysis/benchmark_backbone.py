@@ -49,7 +49,8 @@ from mmengine.logging import MMLogger
 
 from kcla_mm.analysis.benchmark import (DEPTHS, SETTINGS, build_models,
                                         median_memory, official_file_problem,
-                                        official_has_setting, time_modes,
+                                        official_has_setting, setting_shapes,
+                                        time_modes,
                                         train_step_memory_in_subprocess)
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
 from kcla_mm.models.layers.kcla.compiled import NO_EXTENSION_ENV, extension
@@ -212,16 +213,8 @@ KEEP_FREED_MEMORY_ENV = {
 
 def shapes(args, setting):
     """(eval shape, train shape) of ``setting`` with the overrides."""
-    result = []
-    for key, batch in (('eval_shape', args.eval_batch), ('train_shape',
-                                                         args.train_batch)):
-        n, c, h, w = SETTINGS[setting][key]
-        if batch is not None:
-            n = batch
-        if args.size is not None:
-            h = w = args.size
-        result.append((n, c, h, w))
-    return result
+    return setting_shapes(setting, args.eval_batch, args.train_batch,
+                          args.size)
 
 
 def column_names(args, setting):

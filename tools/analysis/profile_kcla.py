@@ -31,7 +31,8 @@ except ImportError:  # not on Windows
 import torch
 from mmengine.logging import MMLogger
 
-from kcla_mm.analysis.benchmark import DEPTHS, SETTINGS, build_models
+from kcla_mm.analysis.benchmark import (DEPTHS, SETTINGS, build_models,
+                                        setting_shapes)
 from kcla_mm.analysis.phase_profile import timed_phases
 from kcla_mm.analysis.timing import eval_step, train_step
 from kcla_mm.models.layers.kcla.compiled import extension
@@ -127,13 +128,6 @@ def profile_mode(models, step, warmup, repeats):
             statistics.median(times['kcla']), phases, faults)
 
 
-def input_shape(setting: str, mode: str, batch, size) -> tuple:
-    """The setting's input shape of ``mode``, with the batch and the square
-    size given on the command line where given."""
-    n, c, h, w = SETTINGS[setting][f'{mode}_shape']
-    return (batch or n, c, *((size, size) if size else (h, w)))
-
-
 def main(argv=None):
     args = parse_args(argv)
     if args.threads > 0:
@@ -147,10 +141,11 @@ def main(argv=None):
         args.depth,
         kcla_implementation=args.kcla_implementation,
         setting=args.setting)
+    eval_shape, train_shape = setting_shapes(args.setting, args.eval_batch,
+                                             args.train_batch, args.size)
     inputs = {
-        mode: torch.randn(*input_shape(args.setting, mode, batch, args.size))
-        for mode, batch in (('eval', args.eval_batch), ('train',
-                                                        args.train_batch))
+        'eval': torch.randn(*eval_shape),
+        'train': torch.randn(*train_shape)
     }
     steps = {'eval': eval_step, 'train': train_step}
     print(f'KCLAResNet-{args.depth} (kcla_implementation='

@@ -292,3 +292,22 @@ def assert_written_with_open_mode(write: Callable[[], str], umask: int,
     mode = stat.S_IMODE(os.stat(written).st_mode)
     assert oct(mode) == oct(0o666 & ~umask)
     assert mode == stat.S_IMODE(os.stat(osp.join(scratch, 'plain')).st_mode)
+
+
+def graph_nodes(outputs, kind):
+    """The autograd nodes of class ``kind`` behind ``outputs``."""
+    found, seen = [], set()
+    stack = [o.grad_fn for o in outputs]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, kind._backward_cls):
+            found.append(node)
+        stack.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def blocks(model):
+    return [b for layer in model.res_layers for b in getattr(model, layer)]

@@ -19,7 +19,7 @@ from kcla_mm.models import (KCLAResNet, LAResNet, LAResNetUNetPaper,
                             MRLALightResNet, MRLALightResNetUNetPaper)
 from kcla_mm.models.backbones import MMSegLAResNet, MMSegMRLALightResNet
 from kcla_mm.models.layers import LALayer, MRLALightLayer
-from helpers import ROOT
+from helpers import ROOT, assert_close_to_max
 from helpers import small_backbone as small
 
 BASELINES = {
@@ -125,7 +125,10 @@ def test_mrla_light_layer_follows_its_recurrence():
 
 
 @pytest.mark.parametrize('cls', [KCLAResNet, LAResNet, MRLALightResNet])
-def test_with_cp_gives_the_same_gradients(cls):
+def test_with_cp_gives_the_same_gradients(cls, float64):
+    """In float64: without with_cp, KCLA's compiled train step fuses each
+    block's add and ReLU with the layer's plane means (train_tail.py),
+    which sums them in another order than the checkpointed block."""
     torch.manual_seed(0)
     plain = small(cls, norm_eval=False)
     plain.init_weights()
@@ -139,7 +142,7 @@ def test_with_cp_gives_the_same_gradients(cls):
         sum((o * o).mean() for o in model(x)).backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for n, g in grads[0].items():
-        torch.testing.assert_close(grads[1][n], g, rtol=1e-5, atol=1e-6, msg=n)
+        assert_close_to_max(grads[1][n], g, 1e-10)
 
 
 @pytest.mark.parametrize('name', list(BASELINES))

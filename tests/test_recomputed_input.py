@@ -15,6 +15,7 @@ from kcla_mm.models.backbones.errors import BackboneTypeError
 from kcla_mm.models.backbones.mmseg_resnet import MMSegKCLAResNetV1c
 from kcla_mm.models.layers.kcla.compiled import extension
 from kcla_mm.models.layers.kcla.recomputed_input import RecomputedInputConv
+from helpers import blocks, graph_nodes
 from official_reference import randomise_
 
 pytestmark = pytest.mark.skipif(
@@ -39,21 +40,6 @@ def twins(depth, cls=KCLAResNet, **kwargs):
     return keeps, recomputes
 
 
-def graph_nodes(outputs, kind):
-    """The autograd nodes of class ``kind`` behind ``outputs``."""
-    found, seen = [], set()
-    stack = [o.grad_fn for o in outputs]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if isinstance(node, kind._backward_cls):
-            found.append(node)
-        stack.extend(n for n, _ in node.next_functions)
-    return found
-
-
 def step(model, x, grads, seed=3, retain=False, backwards=1):
     model.train()
     model.zero_grad(set_to_none=True)
@@ -66,10 +52,6 @@ def step(model, x, grads, seed=3, retain=False, backwards=1):
             outs, grads, retain_graph=retain or i + 1 < backwards)
     params = [x] + [p for p in model.parameters() if p.requires_grad]
     return outs, [p.grad for p in params], nodes
-
-
-def blocks(model):
-    return [b for layer in model.res_layers for b in getattr(model, layer)]
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])

@@ -34,6 +34,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 // One copy of each hot loop for x86-64-v3 (AVX2, FMA) machines and one for any x86-64,
@@ -330,6 +332,48 @@ KCLA_CLONES double relu_add_norm(T* out, const T* pre,
     total += sum;
   }
   return total;
+}
+
+// out = max(pre + identity, 0); returns sum out. out may be pre (each value
+// is read before the same index is written). The sum as relu_add_norm's.
+template <typename T>
+KCLA_CLONES double add_relu_sum(T* out, const T* pre,
+                                const T* __restrict identity, int64_t n) {
+  double total = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t p = b0; p < b1; ++p) {
+      const T y = std::max(pre[p] + identity[p], T(0));
+      out[p] = y;
+      sum += y;
+    }
+    total += sum;
+  }
+  return total;
+}
+
+// Backward through x = ReLU(pre) and the plane mean of x, given dL/dx and
+// dL/dmean: out = x <= 0 ? 0 : dL/dx + dL/dmean / n, exactly as
+// threshold_backward (a NaN x passes its gradient, an inf gradient where
+// x <= 0 gives 0). out may be grad_x.
+template <typename T>
+KCLA_CLONES void relu_mean_backward(T* out, const T* grad_x,
+                                    const T* __restrict x, T grad_mean,
+                                    int64_t n) {
+  // The select as an integer mask on the bits: GCC keeps a float select
+  // on a loaded value scalar, with a branch per value (ten times slower),
+  // unless FP traps are off; a 0/1 factor would turn 0 * inf into NaN.
+  using Bits = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+#pragma omp simd
+  for (int64_t p = 0; p < n; ++p) {
+    const T g = grad_x[p] + grad_mean;
+    Bits bits;
+    std::memcpy(&bits, &g, sizeof(T));
+    bits &= -static_cast<Bits>(!(x[p] <= T(0)));
+    std::memcpy(out + p, &bits, sizeof(T));
+  }
 }
 
 // Backward through out = x + m b ReLU(y), y = a (v - mean) + beta, given
@@ -1048,6 +1092,80 @@ std::vector<Tensor> block_tail_forward(const Tensor& pre,
   return {x, means};
 }
 
+// A residual block's add and ReLU in a train step, x = ReLU(pre + identity)
+// written over pre, with the plane means of x (N, C) in x's dtype (summed
+// as block_tail_forward sums them), which the next KCLA layer's pooled
+// vectors read: one pass instead of the add, the ReLU and the sum.
+std::vector<Tensor> add_relu_means(const Tensor& pre, const Tensor& identity) {
+  TORCH_CHECK(pre.dim() == 4 && pre.sizes() == identity.sizes() &&
+                  pre.is_contiguous() && identity.is_contiguous() &&
+                  pre.scalar_type() == identity.scalar_type(),
+              "kcla add_relu_means: pre and identity must be contiguous "
+              "(N, C, H, W) tensors of one shape and dtype");
+  TORCH_CHECK(!pre.is_alias_of(identity),
+              "kcla add_relu_means: identity must not share pre's memory");
+  const int64_t N = pre.size(0), C = pre.size(1),
+                HW = pre.size(2) * pre.size(3);
+  Tensor means = at::empty({N, C}, pre.options());
+  AT_DISPATCH_FLOATING_TYPES(pre.scalar_type(), "kcla_add_relu_means", [&] {
+    using T = scalar_t;
+    T* xp = pre.data_ptr<T>();
+    const T* ip = identity.data_ptr<T>();
+    T* mp = means.data_ptr<T>();
+    at::parallel_for(0, N * C, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t nc = begin; nc < end; ++nc) {
+        mp[nc] =
+            T(add_relu_sum<T>(xp + nc * HW, xp + nc * HW, ip + nc * HW, HW) /
+              HW);
+      }
+    });
+  });
+  return {pre, means};
+}
+
+// add_relu_means' backward: dL/dpre (= dL/didentity) from dL/dx, dL/dmeans
+// (N, C; none: zero) and x, into out where given (which may be grad_x).
+Tensor add_relu_means_backward(const Tensor& grad_x,
+                               const c10::optional<Tensor>& grad_means,
+                               const Tensor& x,
+                               const c10::optional<Tensor>& out) {
+  const bool has_means = grad_means.has_value() && grad_means->defined();
+  const bool has_out = out.has_value() && out->defined();
+  TORCH_CHECK(x.dim() == 4 && x.is_contiguous() && grad_x.is_contiguous() &&
+                  grad_x.sizes() == x.sizes() &&
+                  grad_x.scalar_type() == x.scalar_type() &&
+                  (!has_means || (grad_means->is_contiguous() &&
+                                  grad_means->dim() == 2 &&
+                                  grad_means->size(0) == x.size(0) &&
+                                  grad_means->size(1) == x.size(1) &&
+                                  grad_means->scalar_type() ==
+                                      x.scalar_type())) &&
+                  (!has_out || (out->is_contiguous() &&
+                                out->sizes() == x.sizes() &&
+                                out->scalar_type() == x.scalar_type())),
+              "kcla add_relu_means_backward: grad_x, x and out must be "
+              "contiguous tensors of one shape and dtype, grad_means (N, C) "
+              "in that dtype");
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  Tensor result = has_out ? *out : at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_add_relu_means_backward",
+                             [&] {
+    using T = scalar_t;
+    const T* gp = grad_x.data_ptr<T>();
+    const T* gm = has_means ? grad_means->data_ptr<T>() : nullptr;
+    const T* xp = x.data_ptr<T>();
+    T* op = result.data_ptr<T>();
+    at::parallel_for(0, N * C, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t nc = begin; nc < end; ++nc) {
+        // As autograd computes the mean's gradient: dL/dmean / HW.
+        const T g = gm ? gm[nc] / T(HW) : T(0);
+        relu_mean_backward<T>(op + nc * HW, gp + nc * HW, xp + nc * HW, g, HW);
+      }
+    });
+  });
+  return result;
+}
+
 // U^t = U^{t-1} + w X^t (w X^t without U^{t-1}) alone, plane by plane,
 // with branch_forward's arithmetic (BranchInputs::update_state): what the
 // state tape recomputes for the compiled nodes, bit for bit their forward's.
@@ -1258,6 +1376,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_tail_forward", &block_tail_forward,
         "A residual block's norm, residual add and ReLU in inference, with "
         "the plane means of the result");
+  m.def("add_relu_means", &add_relu_means,
+        "A residual block's add and ReLU in a train step, written over its "
+        "input, with the plane means of the result");
+  m.def("add_relu_means_backward", &add_relu_means_backward,
+        "Backward of add_relu_means");
   m.def("state_forward", &state_forward,
         "The state update alone, as branch_forward computes it");
   m.def("renormalise_forward", &renormalise_forward,
@@ -1271,5 +1394,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // results: kcla_mm/models/layers/kcla/compiled.py's KERNEL_INTERFACE,
   // raised with every change to them, so that a build of older sources is
   // not called with the new arguments.
-  m.attr("interface") = 3;
+  m.attr("interface") = 4;
 }

@@ -3,7 +3,8 @@
 the recurrent state (:mod:`.state`), the fast implementations beside the
 reference (:mod:`.fused`, :mod:`.recompute`, :mod:`.compiled`), the table
 that picks one per call (:mod:`.dispatch`), the fused end of a residual
-block (:mod:`.block_tail`) and the next block's convs that recompute the
+block in inference (:mod:`.block_tail`) and in a train step
+(:mod:`.train_tail`), and the next block's convs that recompute the
 layer's output (:mod:`.recomputed_input`)."""
 from .dispatch import IMPLEMENTATIONS, select_implementation
 from .layer import KCLALayer, head_temperatures

@@ -77,7 +77,7 @@ def extension() -> Optional[ModuleType]:
 #: built module, raised with every change to the functions' arguments or
 #: results): a build of older sources, left in a source tree that was
 #: updated without reinstalling, is not loaded.
-KERNEL_INTERFACE = 3
+KERNEL_INTERFACE = 4
 
 
 @lru_cache(maxsize=None)

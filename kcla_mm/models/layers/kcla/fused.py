@@ -39,10 +39,13 @@ from .params import KCLAParams
 from .state import STATE_EPS, KCLAState
 
 
-def fused_query_key(p: KCLAParams, x: Tensor) -> Tuple[Tensor, Tensor]:
+def fused_query_key(p: KCLAParams,
+                    x: Tensor,
+                    means: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """:meth:`KCLALayer.query_key` in one conv1d, in the pooled vector's
-    (at least fp32) dtype (see :func:`.pooled_conv`)."""
-    pooled = spatial_mean(x)[:, None]
+    (at least fp32) dtype (see :func:`.pooled_conv`); from ``means``
+    where given (``x``'s plane means, :func:`.spatial_mean`'s)."""
+    pooled = (spatial_mean(x) if means is None else means)[:, None]
     weight = torch.cat([p.query_weight, p.key_weight])
     with full_precision(x.device.type):
         qk = F.conv1d(pooled, weight.to(pooled.dtype), padding=p.eca_padding)

@@ -39,6 +39,7 @@ from .params import KCLAParams
 from .recompute import recomputed_forward
 from .recomputed_input import block_with_recomputed_input
 from .state import STATE_EPS, KCLAState
+from .train_tail import block_with_fused_tail
 
 #: The fast implementations' forward functions, by name.
 IMPLEMENTATION_FORWARDS = {
@@ -336,20 +337,24 @@ class KCLALayer(BaseModule):
             state: Optional[KCLAState]) -> Optional[Tuple[Tensor, KCLAState]]:
         """``self(block(x), state)`` with the block's last norm, residual
         add and ReLU fused into the compiled kernels in inference
-        (:mod:`.block_tail`), or, with ``recompute_block_input``, in a
-        train step with the block's convs recomputing ``x``, the previous
-        layer's output, in backward instead of keeping it
-        (:mod:`.recomputed_input`), where nothing could tell the
-        difference; None, having run nothing, elsewhere: the caller
-        then runs ``block`` and this layer as modules. A layer-attention
-        backbone asks any attention module that offers this method."""
+        (:mod:`.block_tail`), or in a train step, with
+        ``recompute_block_input`` the block's convs recomputing ``x``, the
+        previous layer's output, in backward instead of keeping it
+        (:mod:`.recomputed_input`), and the block's add and ReLU and this
+        layer's plane means in one node (:mod:`.train_tail`), where nothing
+        could tell the difference; None, having run nothing, elsewhere:
+        the caller then runs ``block`` and this layer as modules. A
+        layer-attention backbone asks any attention module that offers
+        this method."""
         out = fused_block_and_kcla(block, self, x, state)
         if out is not None:
             self.last_implementation = 'compiled'
             return out
         if self.recompute_block_input:
-            return block_with_recomputed_input(block, self, x, state)
-        return None
+            out = block_with_recomputed_input(block, self, x, state)
+            if out is not None:
+                return out
+        return block_with_fused_tail(block, self, x, state)
 
     def forward(self, x: Tensor,
                 state: Optional[KCLAState]) -> Tuple[Tensor, KCLAState]:

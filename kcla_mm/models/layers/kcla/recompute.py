@@ -475,12 +475,15 @@ def recomputed_forward(
         p: KCLAParams,
         x: Tensor,
         state: Optional[KCLAState],
-        update: UpdateNode = recomputed_update) -> Tuple[Tensor, KCLAState]:
+        update: UpdateNode = recomputed_update,
+        means: Optional[Tensor] = None) -> Tuple[Tensor, KCLAState]:
     """:func:`.fused_forward` (outside inference) with the update and the
     branch in one node made by ``update`` (:class:`RecomputedUpdate`, or
     the compiled kernels' node), and Algorithm 1 in a
     :class:`RecomputedRenorm` node; falls back to the fused path where
-    :func:`replayable` says no."""
+    :func:`replayable` says no. ``means``, where given, are ``x``'s plane
+    means as :func:`.spatial_mean` gives them, made with ``x`` by the
+    caller (:mod:`.train_tail`)."""
     if not replayable(p, x, state):
         return fused_forward(p, x, state)
     # A start that nothing else can recompute (a state from a fused layer,
@@ -502,7 +505,7 @@ def recomputed_forward(
         step += 1
     keep_prev = step == 1 and tape.start is None
     with phase('pooled'):
-        gate, w = gate_and_weight(p, *fused_query_key(p, x))
+        gate, w = gate_and_weight(p, *fused_query_key(p, x, means))
     z = w if state is None else state.z + w
     mask = drop_path_mask(x, p.drop_path, p.training)
     x, u = update(p, tape, step, keep_prev, x,

@@ -41,6 +41,7 @@ from .block_tail import BOTTLENECKS, KNOWN_BLOCKS, has_hooks, plain_conv
 from .compiled import CompiledUpdate, extension
 from .recompute import differentiable_once, saved
 from .state import KCLAState
+from .train_tail import block_tail_and_layer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .layer import KCLALayer
@@ -169,5 +170,4 @@ def block_with_recomputed_input(
         out = block.norm2(block.conv2(out))
     identity = x if down is None else down[1](
         recomputed_input_conv(down[0], source, x))
-    out += identity
-    return layer(block.relu(out), state)
+    return block_tail_and_layer(layer, block.relu, out, identity, state)

@@ -2,12 +2,13 @@
 2 processes): a narrow KCLA-ResNet-18 (or LA / MRLA-light) trained 3 SGD
 steps under one wrapping, against one process doing the same 2-rank
 computation (each rank's half of the batch through the unwrapped model, the
-gradients averaged). Rank 0 writes ``{case: result}`` as JSON to the path
-given, where result is ``{'max_diff': float, 'max_update_diff': float}``
-(the largest difference of any parameter after 3 steps, and of any
-parameter's update relative to the largest entry of that update, or
-1e-4 if smaller) or
-``{'error': 'Type: message'}``.
+gradients averaged); and, before the training, an eval forward without
+autograd (a validation loop's) through the wrapping against the unwrapped
+model's. Rank 0 writes ``{case: result}`` as JSON to the path given, where
+result is ``{'max_diff': float, 'max_update_diff': float, 'eval_diff':
+float}`` (the largest difference of any parameter after 3 steps, of any
+parameter's update relative to the largest entry of that update, or 1e-4
+if smaller, and of any eval output) or ``{'error': 'Type: message'}``.
 
     torchrun --nproc_per_node 2 tests/distributed_wrappings.py OUT.json \
         CASE [CASE ...]
@@ -72,6 +73,18 @@ def reference(model: nn.Module, world: int) -> dict:
                 if p.grad is not None:
                     p -= LR * p.grad
     return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def eval_difference(wrapped: nn.Module, single: nn.Module, rank: int) -> float:
+    """The largest difference between the outputs of an eval forward
+    without autograd through the wrapping and through ``single``, the
+    unwrapped model with the same weights and buffers."""
+    x = inputs(STEPS, rank)
+    with torch.no_grad():
+        got = wrapped.eval()(x)
+        want = single.eval()(x)
+    wrapped.train()
+    return max((a - b).abs().max().item() for a, b in zip(got, want))
 
 
 def block_classes():
@@ -178,7 +191,12 @@ def run_case(case: str, rank: int, world: int) -> dict:
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
     want = reference(build(implementation, backbone, with_cp), world)
     wrapped = wrap(model)
+    # Built before any forward, as mmengine's runner builds it: after a
+    # forward without autograd FSDP2 leaves the unsharded parameters in
+    # the module, which an optimizer built then would take.
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=LR)
+    eval_diff = eval_difference(wrapped,
+                                build(implementation, backbone, with_cp), rank)
     for step in range(STEPS):
         optimizer.zero_grad()
         loss_of(wrapped, inputs(step, rank)).backward()
@@ -197,6 +215,7 @@ def run_case(case: str, rank: int, world: int) -> dict:
                           ((got[k] - start[k]) -
                            (v - start[k])).abs().max().item() / moved)
     return {
+        'eval_diff': eval_diff,
         'max_diff': max(
             (got[k] - v).abs().max().item() for k, v in want.items()),
         'max_update_diff': update_diff

@@ -17,7 +17,8 @@ block and layer in eval mode, one of mmdet's or mmseg's plain ``BasicBlock``
 subclass may change ``forward``),
 without plugins, a BatchNorm with running statistics at its end, no hooks
 on the block, its last norm, its ReLU or the layer (nor global module
-hooks: they would not see the skipped calls), and the layer's compiled
+hooks: they would not see the skipped calls), the layer not wrapped
+(:func:`calls_layer_directly`), and the layer's compiled
 kernels applicable (:func:`.compiled_applies`). Everything else runs
 ``block`` and ``layer`` as modules. The backbone reaches it through
 :meth:`KCLALayer.forward_with_block`, without knowing KCLA. Tested against
@@ -59,6 +60,15 @@ def has_hooks(module: nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
+def calls_layer_directly(block: nn.Module, layer: nn.Module) -> bool:
+    """Whether ``layer`` may run without being called as a module: the
+    block's attention child, where it has one, is the layer itself, not a
+    wrapper around it (FSDP's per layer unshards the layer's parameters
+    only in its own forward; a checkpoint wrapper's would not run)."""
+    child = getattr(block, getattr(block, 'attention_name', ''), None)
+    return child is None or child is layer
+
+
 def plain_conv(conv: nn.Module) -> bool:
     """Whether ``conv`` is a plain ``nn.Conv2d`` without hooks: its forward
     is ``F.conv2d`` (as :class:`.RecomputedInputConv` computes it), whose
@@ -83,6 +93,7 @@ def tail_fuses(block: nn.Module,
         return False
     norm = tail_norm(block)
     return (not block.training and not layer.training
+            and calls_layer_directly(block, layer)
             and not getattr(block, 'with_plugins', False)
             and isinstance(norm, _BatchNorm) and not norm.training
             and norm.running_mean is not None

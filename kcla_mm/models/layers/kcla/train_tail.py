@@ -35,7 +35,8 @@ from torch import Tensor
 from torch.nn.modules import module as module_hooks
 
 from ....torch_compat import is_compiling, is_exporting
-from .block_tail import BOTTLENECKS, KNOWN_BLOCKS, has_hooks
+from .block_tail import (BOTTLENECKS, KNOWN_BLOCKS, calls_layer_directly,
+                         has_hooks)
 from .compiled import compiled_update, extension
 from .dispatch import select_implementation
 from .gradient_reuse import reusable_gradients
@@ -107,13 +108,11 @@ def block_tail_and_layer(
 def runs_body(block: nn.Module, layer: 'KCLALayer') -> bool:
     """Whether :func:`block_with_fused_tail` may run ``block``'s body
     module by module in a train step (module docstring), and then
-    ``layer`` without calling it as a module: the block's attention child
-    must be the layer itself, not a wrapper (FSDP's per layer unshards its
-    parameters only in its own forward; a checkpoint wrapper's would not
-    run), and the layer without hooks (FSDP2's unshard is one)."""
+    ``layer`` without calling it as a module: not wrapped
+    (:func:`.calls_layer_directly`) and without hooks (FSDP2's unshard is
+    one)."""
     return (torch.is_grad_enabled() and type(block) in KNOWN_BLOCKS
-            and getattr(block, block.attention_name, None) is layer
-            and not has_hooks(layer)
+            and calls_layer_directly(block, layer) and not has_hooks(layer)
             and not getattr(block, 'with_plugins', False) and not block.with_cp
             and not module_hooks._global_forward_hooks
             and not module_hooks._global_forward_pre_hooks

@@ -313,19 +313,19 @@ KCLA_CLONES void relu_residual(T* out, const T* x, const T* __restrict v,
   }
 }
 
-// out = max(a (pre - mean) + beta + identity, 0); returns sum out. out may
-// be pre (each value is read before the same index is written).
-template <typename T>
-KCLA_CLONES double relu_add_norm(T* out, const T* pre,
-                                 const T* __restrict identity, T mean, T a,
-                                 T beta, int64_t n) {
+// out[p] = max(value(p), 0) for p < n; returns sum out, in float vectors
+// over kBlock blocks added in double (as flat_sum). Inlined into each
+// caller's clone, so that it is vectorised for that clone's target.
+template <typename T, typename Value>
+__attribute__((always_inline)) inline double relu_sum(T* out, int64_t n,
+                                                      Value value) {
   double total = 0;
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
     const int64_t b1 = std::min(n, b0 + kBlock);
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t p = b0; p < b1; ++p) {
-      const T y = std::max(a * (pre[p] - mean) + beta + identity[p], T(0));
+      const T y = std::max(value(p), T(0));
       out[p] = y;
       sum += y;
     }
@@ -334,24 +334,22 @@ KCLA_CLONES double relu_add_norm(T* out, const T* pre,
   return total;
 }
 
-// out = max(pre + identity, 0); returns sum out. out may be pre (each value
-// is read before the same index is written). The sum as relu_add_norm's.
+// out = max(a (pre - mean) + beta + identity, 0); returns sum out. out may
+// be pre (each value is read before the same index is written).
+template <typename T>
+KCLA_CLONES double relu_add_norm(T* out, const T* pre,
+                                 const T* __restrict identity, T mean, T a,
+                                 T beta, int64_t n) {
+  return relu_sum<T>(out, n, [=](int64_t p) {
+    return a * (pre[p] - mean) + beta + identity[p];
+  });
+}
+
+// out = max(pre + identity, 0); returns sum out. out may be pre.
 template <typename T>
 KCLA_CLONES double add_relu_sum(T* out, const T* pre,
                                 const T* __restrict identity, int64_t n) {
-  double total = 0;
-  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-    const int64_t b1 = std::min(n, b0 + kBlock);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t p = b0; p < b1; ++p) {
-      const T y = std::max(pre[p] + identity[p], T(0));
-      out[p] = y;
-      sum += y;
-    }
-    total += sum;
-  }
-  return total;
+  return relu_sum<T>(out, n, [=](int64_t p) { return pre[p] + identity[p]; });
 }
 
 // Backward through x = ReLU(pre) and the plane mean of x, given dL/dx and

@@ -1122,22 +1122,18 @@ std::vector<Tensor> add_relu_means(const Tensor& pre, const Tensor& identity) {
 }
 
 // add_relu_means' backward: dL/dpre (= dL/didentity) from dL/dx, dL/dmeans
-// (N, C; none: zero) and x, into out where given (which may be grad_x).
-Tensor add_relu_means_backward(const Tensor& grad_x,
-                               const c10::optional<Tensor>& grad_means,
+// (N, C) and x, into out where given (which may be grad_x).
+Tensor add_relu_means_backward(const Tensor& grad_x, const Tensor& grad_means,
                                const Tensor& x,
                                const c10::optional<Tensor>& out) {
-  const bool has_means = grad_means.has_value() && grad_means->defined();
   const bool has_out = out.has_value() && out->defined();
   TORCH_CHECK(x.dim() == 4 && x.is_contiguous() && grad_x.is_contiguous() &&
                   grad_x.sizes() == x.sizes() &&
                   grad_x.scalar_type() == x.scalar_type() &&
-                  (!has_means || (grad_means->is_contiguous() &&
-                                  grad_means->dim() == 2 &&
-                                  grad_means->size(0) == x.size(0) &&
-                                  grad_means->size(1) == x.size(1) &&
-                                  grad_means->scalar_type() ==
-                                      x.scalar_type())) &&
+                  grad_means.is_contiguous() && grad_means.dim() == 2 &&
+                  grad_means.size(0) == x.size(0) &&
+                  grad_means.size(1) == x.size(1) &&
+                  grad_means.scalar_type() == x.scalar_type() &&
                   (!has_out || (out->is_contiguous() &&
                                 out->sizes() == x.sizes() &&
                                 out->scalar_type() == x.scalar_type())),
@@ -1150,14 +1146,14 @@ Tensor add_relu_means_backward(const Tensor& grad_x,
                              [&] {
     using T = scalar_t;
     const T* gp = grad_x.data_ptr<T>();
-    const T* gm = has_means ? grad_means->data_ptr<T>() : nullptr;
+    const T* gm = grad_means.data_ptr<T>();
     const T* xp = x.data_ptr<T>();
     T* op = result.data_ptr<T>();
     at::parallel_for(0, N * C, 1, [&](int64_t begin, int64_t end) {
       for (int64_t nc = begin; nc < end; ++nc) {
         // As autograd computes the mean's gradient: dL/dmean / HW.
-        const T g = gm ? gm[nc] / T(HW) : T(0);
-        relu_mean_backward<T>(op + nc * HW, gp + nc * HW, xp + nc * HW, g, HW);
+        relu_mean_backward<T>(op + nc * HW, gp + nc * HW, xp + nc * HW,
+                              gm[nc] / T(HW), HW);
       }
     });
   });

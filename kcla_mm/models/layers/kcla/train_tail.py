@@ -65,7 +65,7 @@ class AddReLUMeans(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_x: Tensor, grad_means: Tensor):
         # First, before this frame takes more references to it.
-        reuse, _ = reusable_gradients(grad_x, grad_means)
+        reuse, = reusable_gradients(grad_x)
         differentiable_once('AddReLUMeans')
         x, = saved(ctx)
         grad = extension().add_relu_means_backward(grad_x.contiguous(),

@@ -13,7 +13,8 @@ import torch
 from mmengine.logging import HistoryBuffer
 
 from kcla_mm.analysis.benchmark import (can_measure_peak_rss, load_official,
-                                        median_memory, setting_shapes)
+                                        median_memory, round_ratio_quartiles,
+                                        setting_shapes)
 from kcla_mm.analysis.complexity import (saved_activation_bytes,
                                          train_step_allocated_peak)
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
@@ -45,6 +46,17 @@ ROWS = ('eval forward', 'train step (fwd+bwd)', 'activation memory',
         'peak tensor memory', 'peak RSS growth')
 
 
+def parse_cell(cell):
+    """A cell of benchmark_backbone.py's tables: None for '-', a (low,
+    high) pair for a range, else a ratio."""
+    if cell == '-':
+        return None
+    if '-' in cell:
+        low, high = cell.split('-')
+        return float(low), float(high)
+    return float(cell)
+
+
 def benchmark_tables(log):
     """``{(setting, threads option): {row: (ResNet value, [cells])}}`` of
     benchmark_backbone.py's output; a cell is a ratio or None for '-'."""
@@ -60,9 +72,7 @@ def benchmark_tables(log):
             if match is None:
                 continue
             label, value, cells = match.groups()
-            rows[label] = (value, [
-                None if c == '-' else float(c) for c in cells.split()
-            ])
+            rows[label] = (value, [parse_cell(c) for c in cells.split()])
         tables[(key[0], int(key[1]))] = dict(columns=lines[0].split(), **rows)
     return tables
 
@@ -206,6 +216,33 @@ def test_benchmark_backbone_quick_eval_table(benchmark_tool, capsys):
     assert table['columns'] == ['ResNet-18', 'KCLA', 'auto']
     assert set(table) == {'columns', 'eval forward'}
     assert table['eval forward'][1][0] > 0
+
+
+def test_benchmark_backbone_rows_of_the_rounds_ratios(benchmark_tool, capsys):
+    """With two or more repeats each timing row has a row under it with the
+    first and third quartiles of the per-round ratios."""
+    benchmark_tool.main([
+        *TINY, '--modes', 'eval', '--no-memory', '--repeats', '3',
+        '--implementations', 'auto', 'fused'
+    ])
+    out = capsys.readouterr().out
+    assert "the middle half of the rounds' ratios" in out
+    table = benchmark_tables(out)[('imagenet', 1)]
+    assert set(table) == {'columns', 'eval forward', 'eval: 25-75% of rounds'}
+    value, ranges = table['eval: 25-75% of rounds']
+    assert value == '-' and len(ranges) == 2
+    for low, high in ranges:
+        assert 0 < low <= high
+
+
+def test_round_ratio_quartiles():
+    # Round ratios 1, 3, 2, 4: quartiles (inclusive) 1.75 and 3.25,
+    # whatever the rounds' own times.
+    assert round_ratio_quartiles([2, 6, 10, 40],
+                                 [2, 2, 5, 10]) == pytest.approx((1.75, 3.25))
+    assert round_ratio_quartiles([1.0], [2.0]) is None
+    with pytest.raises(ValueError, match='3 times against 2 base times'):
+        round_ratio_quartiles([1, 2, 3], [1, 2])
 
 
 # The tests below run at tiny sizes, but the memory rows start a process per

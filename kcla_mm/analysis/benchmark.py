@@ -265,6 +265,24 @@ def time_modes(
     return results
 
 
+def round_ratio_quartiles(
+        times: Sequence[float],
+        base_times: Sequence[float]) -> Optional[Tuple[float, float]]:
+    """The first and third quartiles of ``times[i] / base_times[i]``, the
+    ratio within each round of :func:`time_modes` (the models alternate, so
+    a round's two steps ran seconds apart), or None for fewer than two
+    rounds. How far the ratio moves inside one run, beside the ratio of the
+    medians that the tables give."""
+    if len(times) != len(base_times):
+        raise ValueError(f'round_ratio_quartiles: {len(times)} times against '
+                         f'{len(base_times)} base times; one of each a round')
+    if len(times) < 2:
+        return None
+    ratios = [t / b for t, b in zip(times, base_times)]
+    first, _, third = statistics.quantiles(ratios, n=4, method='inclusive')
+    return first, third
+
+
 # Peak memory growth of a train step on the CPU: the process's resident set
 # high-water mark (VmHWM) minus its resident set (VmRSS) just before the
 # step. Writing 5 to /proc/self/clear_refs (Linux 4.0+) resets VmHWM to the

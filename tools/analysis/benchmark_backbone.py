@@ -3,9 +3,11 @@
 For each depth, setting and thread count (a section of the output) the
 models run in one process, alternating iteration by iteration so that
 machine noise hits them alike; the script prints ResNet's medians and each
-other model's ratio to them. It asserts nothing: speed is a measurement,
-not a test. The models and the measurements are
-:mod:`kcla_mm.analysis.benchmark`'s.
+other model's ratio to them, and under each timing row (with two or more
+``--repeats``) the middle half of the rounds' own ratios, each round's step
+against ResNet's of the same round: how far the ratio moves within the
+run. It asserts nothing: speed is a measurement, not a test. The models
+and the measurements are :mod:`kcla_mm.analysis.benchmark`'s.
 
     python tools/analysis/benchmark_backbone.py --depth 50 --threads 1 0 \
         --setting imagenet detection --implementations auto fused
@@ -49,7 +51,8 @@ from mmengine.logging import MMLogger
 
 from kcla_mm.analysis.benchmark import (DEPTHS, SETTINGS, build_models,
                                         median_memory, official_file_problem,
-                                        official_has_setting, setting_shapes,
+                                        official_has_setting,
+                                        round_ratio_quartiles, setting_shapes,
                                         time_modes,
                                         train_step_memory_in_subprocess)
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
@@ -226,10 +229,23 @@ def heading(name):
     return 'official' if name == 'official' else 'KCLA ' + name[5:]
 
 
+def format_cell(cell) -> str:
+    """A ratio, a (low, high) range of ratios, or '-' for None."""
+    if cell is None:
+        return '-'
+    if isinstance(cell, tuple):
+        return f'{cell[0]:.3f}-{cell[1]:.3f}'
+    return f'{cell:.3f}'
+
+
 def format_table(rows, columns, base_label):
-    """``rows``: (label, base value or None, unit, {column: ratio or None})."""
+    """``rows``: (label, base value or None, unit, {column: cell}), a cell
+    as :func:`format_cell` takes it."""
     label_width = max(len(r[0]) for r in rows)
-    widths = [max(len(heading(c)), 6) for c in columns]
+    widths = [
+        max(len(heading(c)), 6,
+            *(len(format_cell(r[3].get(c))) for r in rows)) for c in columns
+    ]
     lines = [
         ' ' * label_width + f'  {base_label:>12s}  ' +
         '  '.join(f'{heading(c):>{w}s}' for c, w in zip(columns, widths))
@@ -237,7 +253,7 @@ def format_table(rows, columns, base_label):
     for label, base, unit, ratios in rows:
         value = '-' if base is None else f'{base:.1f} {unit}'
         cells = [
-            ('-' if ratios.get(c) is None else f'{ratios[c]:.3f}').rjust(w)
+            format_cell(ratios.get(c)).rjust(w)
             for c, w in zip(columns, widths)
         ]
         lines.append(f'{label:{label_width}s}  {value:>12s}  ' +
@@ -286,6 +302,12 @@ def run_section(args, depth, setting, threads, memory_format):
             for c in columns if (c, mode) in results
         }
         rows.append((label, base * 1e3, 'ms', ratios))
+        if args.repeats > 1:
+            rows.append((f'{mode}: 25-75% of rounds', None, '', {
+                c: round_ratio_quartiles(results[(c, mode)],
+                                         results[('resnet', mode)])
+                for c in columns if (c, mode) in results
+            }))
     if 'train' in args.modes and not args.no_memory:
         names = [
             n for n in ['resnet'] + columns
@@ -341,6 +363,9 @@ def main(argv=None):
           ('keeping freed memory' if args.keep_freed_memory else 'defaults') +
           f', medians of {args.repeats} after {args.warmup} warm-up; '
           'ResNet: ms per eval forward / train step' +
+          ('' if args.repeats < 2 else
+           " (and the middle half of the rounds' ratios: each round's "
+           'step against ResNet\'s of the same round)') +
           ('' if args.no_memory or 'train' not in args.modes else
            ', MiB of activation memory (saved for backward, weights '
            'excluded) / peak tensor memory / peak RSS growth of a train '

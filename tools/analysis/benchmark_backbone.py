@@ -242,10 +242,10 @@ def format_table(rows, columns, base_label):
     """``rows``: (label, base value or None, unit, {column: cell}), a cell
     as :func:`format_cell` takes it."""
     label_width = max(len(r[0]) for r in rows)
-    widths = [
-        max(len(heading(c)), 6,
-            *(len(format_cell(r[3].get(c))) for r in rows)) for c in columns
-    ]
+    widths = []
+    for c in columns:
+        cells = [format_cell(r[3].get(c)) for r in rows]
+        widths.append(max(len(heading(c)), 6, *map(len, cells)))
     lines = [
         ' ' * label_width + f'  {base_label:>12s}  ' +
         '  '.join(f'{heading(c):>{w}s}' for c, w in zip(columns, widths))
@@ -303,11 +303,12 @@ def run_section(args, depth, setting, threads, memory_format):
         }
         rows.append((label, base * 1e3, 'ms', ratios))
         if args.repeats > 1:
-            rows.append((f'{mode}: 25-75% of rounds', None, '', {
-                c: round_ratio_quartiles(results[(c, mode)],
-                                         results[('resnet', mode)])
+            rounds = results[('resnet', mode)]
+            spreads = {
+                c: round_ratio_quartiles(results[(c, mode)], rounds)
                 for c in columns if (c, mode) in results
-            }))
+            }
+            rows.append((f'{mode}: 25-75% of rounds', None, '', spreads))
     if 'train' in args.modes and not args.no_memory:
         names = [
             n for n in ['resnet'] + columns
@@ -340,6 +341,11 @@ def run_section(args, depth, setting, threads, memory_format):
               'in this setting)')
 
 
+# The header's word on the rows under each timing row.
+SPREAD_NOTE = (" (and the middle half of the rounds' ratios: each round's "
+               "step against ResNet's of the same round)")
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.keep_freed_memory and any(
@@ -363,9 +369,7 @@ def main(argv=None):
           ('keeping freed memory' if args.keep_freed_memory else 'defaults') +
           f', medians of {args.repeats} after {args.warmup} warm-up; '
           'ResNet: ms per eval forward / train step' +
-          ('' if args.repeats < 2 else
-           " (and the middle half of the rounds' ratios: each round's "
-           'step against ResNet\'s of the same round)') +
+          ('' if args.repeats < 2 else SPREAD_NOTE) +
           ('' if args.no_memory or 'train' not in args.modes else
            ', MiB of activation memory (saved for backward, weights '
            'excluded) / peak tensor memory / peak RSS growth of a train '

@@ -59,7 +59,7 @@ def parse_cell(cell):
 
 def benchmark_tables(log):
     """``{(setting, threads option): {row: (ResNet value, [cells])}}`` of
-    benchmark_backbone.py's output; a cell is a ratio or None for '-'."""
+    benchmark_backbone.py's output; a cell as :func:`parse_cell` reads it."""
     tables = {}
     for block in re.split(r'\n== ', log)[1:]:
         heading, *lines = block.strip().splitlines()

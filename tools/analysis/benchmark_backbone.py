@@ -213,6 +213,10 @@ KEEP_FREED_MEMORY_ENV = {
     'MALLOC_TRIM_THRESHOLD_': str(2**32),
 }
 
+# The header's word on the rows under each timing row.
+SPREAD_NOTE = (" (and the middle half of the rounds' ratios: each round's "
+               "step against ResNet's of the same round)")
+
 
 def shapes(args, setting):
     """(eval shape, train shape) of ``setting`` with the overrides."""
@@ -242,22 +246,19 @@ def format_table(rows, columns, base_label):
     """``rows``: (label, base value or None, unit, {column: cell}), a cell
     as :func:`format_cell` takes it."""
     label_width = max(len(r[0]) for r in rows)
-    widths = []
-    for c in columns:
-        cells = [format_cell(r[3].get(c)) for r in rows]
-        widths.append(max(len(heading(c)), 6, *map(len, cells)))
+    cells = [[format_cell(r[3].get(c)) for c in columns] for r in rows]
+    widths = [
+        max(len(heading(c)), 6, *(len(row[i]) for row in cells))
+        for i, c in enumerate(columns)
+    ]
     lines = [
         ' ' * label_width + f'  {base_label:>12s}  ' +
         '  '.join(f'{heading(c):>{w}s}' for c, w in zip(columns, widths))
     ]
-    for label, base, unit, ratios in rows:
+    for (label, base, unit, _), row in zip(rows, cells):
         value = '-' if base is None else f'{base:.1f} {unit}'
-        cells = [
-            format_cell(ratios.get(c)).rjust(w)
-            for c, w in zip(columns, widths)
-        ]
         lines.append(f'{label:{label_width}s}  {value:>12s}  ' +
-                     '  '.join(cells))
+                     '  '.join(c.rjust(w) for c, w in zip(row, widths)))
     return '\n'.join(lines)
 
 
@@ -339,11 +340,6 @@ def run_section(args, depth, setting, threads, memory_format):
     if args.official and not official_trains and 'train' in args.modes:
         print('(official: no frozen stages or norm_eval, so no train step '
               'in this setting)')
-
-
-# The header's word on the rows under each timing row.
-SPREAD_NOTE = (" (and the middle half of the rounds' ratios: each round's "
-               "step against ResNet's of the same round)")
 
 
 def main(argv=None):

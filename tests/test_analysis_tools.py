@@ -14,7 +14,8 @@ from mmengine.logging import HistoryBuffer
 
 from kcla_mm.analysis.benchmark import (can_measure_peak_rss, load_official,
                                         median_memory, round_ratio_quartiles,
-                                        setting_shapes)
+                                        run_ratio_range, setting_shapes,
+                                        time_section_in_subprocess)
 from kcla_mm.analysis.complexity import (saved_activation_bytes,
                                          train_step_allocated_peak)
 from kcla_mm.analysis.key_similarity import mean_off_diagonal
@@ -121,6 +122,7 @@ def test_benchmark_backbone_parses_lists_and_settings(benchmark_tool):
         (['--depth', '42'], '--depth: invalid choice: 42'),
         (['--implementations', 'fast'], "invalid choice: 'fast'"),
         (['--memory-repeats', '0'], '--memory-repeats 0: not an integer >= 1'),
+        (['--runs', '0'], '--runs 0: not an integer >= 1'),
         (['--size', '-5'], '--size -5: not an integer >= 1'),
         (['--repeats', 'many'], '--repeats many: not an integer >= 1'),
         (['--official', 'no/such/kcla_resnet.py'
@@ -233,6 +235,60 @@ def test_benchmark_backbone_rows_of_the_rounds_ratios(benchmark_tool, capsys):
     assert value == '-' and len(ranges) == 2
     for low, high in ranges:
         assert 0 < low <= high
+
+
+def test_benchmark_backbone_runs_in_fresh_processes(benchmark_tool, capsys):
+    """--runs 2: each section timed in two fresh processes, the row under
+    each timing row the lowest and highest run's ratio, around the median
+    of the runs' ratios that the timing row gives."""
+    benchmark_tool.main([
+        *TINY, '--modes', 'eval', '--no-memory', '--repeats', '2', '--runs',
+        '2', '--implementations', 'auto', 'fused'
+    ])
+    out = capsys.readouterr().out
+    assert 'in each of 2 runs (fresh processes)' in out
+    assert "the lowest and highest run's ratio" in out
+    table = benchmark_tables(out)[('imagenet', 1)]
+    assert set(table) == {
+        'columns', 'eval forward', 'eval: lowest-highest run'
+    }
+    medians = table['eval forward'][1]
+    value, ranges = table['eval: lowest-highest run']
+    assert value == '-' and len(ranges) == len(medians) == 2
+    for median, (low, high) in zip(medians, ranges):
+        # Two runs: the median is their mean, printed to three decimals.
+        assert 0 < low <= high and low - 1e-3 <= median <= high + 1e-3
+
+
+def test_run_ratio_range():
+    # Run ratios 2 (medians 4 / 2), 1 (3 / 3) and 1.5 (3 / 2).
+    runs = [
+        {
+            ('resnet', 'eval'): [2, 1, 3],
+            ('kcla', 'eval'): [4, 4, 9]
+        },
+        {
+            ('resnet', 'eval'): [3],
+            ('kcla', 'eval'): [3]
+        },
+        {
+            ('resnet', 'eval'): [2, 2],
+            ('kcla', 'eval'): [2, 4]
+        },
+    ]
+    assert run_ratio_range(runs, 'kcla', 'eval') == (1.5, (1.0, 2.0))
+    with pytest.raises(ValueError, match='at least one run'):
+        run_ratio_range([], 'kcla', 'eval')
+
+
+def test_timing_run_failure_names_the_run():
+    with pytest.raises(RuntimeError, match='timing run failed'):
+        time_section_in_subprocess(
+            depth=42,
+            setting='imagenet',
+            eval_shape=(1, 3, 32, 32),
+            train_shape=(2, 3, 32, 32),
+            threads=1)
 
 
 def test_round_ratio_quartiles():

@@ -8,7 +8,8 @@ The models are measured in one run, alternating iteration by iteration
 hits them alike. Speed is a measurement, not a test: nothing here asserts.
 
 Memory is measured per model in a fresh process
-(:func:`train_step_memory_in_subprocess`, this module run with ``-m``).
+(:func:`train_step_memory_in_subprocess`, this module run with ``-m``), and
+so may be whole timing runs (:func:`time_section_in_subprocess`).
 """
 import ast
 import gc
@@ -265,6 +266,95 @@ def time_modes(
     return results
 
 
+def time_section(
+    depth: int,
+    setting: str,
+    eval_shape: Sequence[int],
+    train_shape: Sequence[int],
+    threads: int,
+    modes: Sequence[str] = MODES,
+    warmup: int = 3,
+    repeats: int = 15,
+    device: str = 'cpu',
+    channels_last: bool = False,
+    official: Optional[str] = None,
+    implementations: Sequence[str] = ('auto', )
+) -> Dict[Tuple[str, str], List[float]]:
+    """One run of benchmark_backbone.py's timings in this process: the
+    models of :func:`build_models` (``'resnet'``, ``'kcla:<impl>'`` per
+    implementation, ``'official'`` with ``official``) at ``threads``
+    intra-op threads, timed by :func:`time_modes` on random inputs of the
+    given shapes; the official model takes part in train steps only where
+    :func:`official_has_setting`."""
+    torch.set_num_threads(threads)
+    memory_format = (
+        torch.channels_last if channels_last else torch.contiguous_format)
+    models = build_models(
+        depth,
+        device,
+        memory_format,
+        setting=setting,
+        official=official,
+        implementations=implementations)
+    train_models = [
+        n for n in models if n != 'official' or official_has_setting(setting)
+    ]
+    x_eval = torch.randn(
+        *eval_shape, device=device).contiguous(memory_format=memory_format)
+    x_train = torch.randn(
+        *train_shape, device=device).contiguous(memory_format=memory_format)
+    return time_modes(models, x_eval, x_train, modes, warmup, repeats, device,
+                      train_models)
+
+
+def _run_module(spec: Dict, what: str) -> str:
+    """The last line printed by this module run with ``-m`` and ``spec``
+    in a fresh Python process (the same interpreter and environment)."""
+    result = subprocess.run([sys.executable, '-m', __name__,
+                             json.dumps(spec)],
+                            capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f'{what} failed:\n{result.stderr[-3000:]}')
+    # The official constructors print; the result is the last line.
+    return result.stdout.strip().splitlines()[-1]
+
+
+def time_section_in_subprocess(**kwargs) -> Dict[Tuple[str, str], List[float]]:
+    """:func:`time_section` (same arguments) in a fresh Python process: one
+    of several independent runs, each with its own memory layout, its own
+    oneDNN primitives and its own stretch of machine noise."""
+    spec = dict(kwargs, measure='timing')
+    for key in ('eval_shape', 'train_shape', 'modes', 'implementations'):
+        if key in spec:
+            spec[key] = list(spec[key])
+    times = json.loads(_run_module(spec, 'timing run'))
+    return {tuple(key.split('|')): value for key, value in times.items()}
+
+
+def time_runs(runs: int, **kwargs) -> List[Dict[Tuple[str, str], List[float]]]:
+    """``runs`` runs of :func:`time_section` (same keyword arguments): one
+    in this process, or each of two or more in a fresh process
+    (:func:`time_section_in_subprocess`)."""
+    if runs == 1:
+        return [time_section(**kwargs)]
+    return [time_section_in_subprocess(**kwargs) for _ in range(runs)]
+
+
+def run_ratio_range(runs: Sequence[Dict[Tuple[str, str], List[float]]],
+                    name: str, mode: str) -> Tuple[float, Tuple[float, float]]:
+    """Over several runs of :func:`time_section`: the median of each run's
+    ratio of medians (``name``'s median time over ResNet's in that run) and
+    the (lowest, highest) run's ratio."""
+    ratios = [
+        statistics.median(run[(name, mode)]) /
+        statistics.median(run[('resnet', mode)]) for run in runs
+    ]
+    if not ratios:
+        raise ValueError('run_ratio_range needs at least one run')
+    return statistics.median(ratios), (min(ratios), max(ratios))
+
+
 def round_ratio_quartiles(
         times: Sequence[float],
         base_times: Sequence[float]) -> Optional[Tuple[float, float]]:
@@ -411,15 +501,7 @@ def train_step_memory_in_subprocess(
         device=device,
         channels_last=channels_last,
         official=official)
-    result = subprocess.run([sys.executable, '-m', __name__,
-                             json.dumps(spec)],
-                            capture_output=True,
-                            text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f'memory of {name} failed:\n'
-                           f'{result.stderr[-3000:]}')
-    # The official constructors print; the result is the last line.
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(_run_module(spec, f'memory of {name}'))
 
 
 def median_memory(
@@ -448,4 +530,13 @@ if __name__ == '__main__':
 
     # init_weights() logs one INFO record per parameter.
     MMLogger.get_current_instance().setLevel(logging.WARNING)
-    print(json.dumps(measure_one(**json.loads(sys.argv[1]))))
+    spec = json.loads(sys.argv[1])
+    if spec.pop('measure', 'memory') == 'timing':
+        times = time_section(**spec)
+        print(
+            json.dumps({
+                '|'.join(key): value
+                for key, value in times.items()
+            }))
+    else:
+        print(json.dumps(measure_one(**spec)))

@@ -9,6 +9,12 @@ against ResNet's of the same round: how far the ratio moves within the
 run. It asserts nothing: speed is a measurement, not a test. The models
 and the measurements are :mod:`kcla_mm.analysis.benchmark`'s.
 
+A run's ratio moves between runs more than between its rounds (on a
+shared VM, by a few percent: memory layout, the stretch of noise it
+meets). ``--runs N`` times each section N times, each run in a fresh
+process, and prints the median of the runs' ratios with the lowest and
+highest run's beneath it.
+
     python tools/analysis/benchmark_backbone.py --depth 50 --threads 1 0 \
         --setting imagenet detection --implementations auto fused
 
@@ -49,11 +55,11 @@ import sys
 import torch
 from mmengine.logging import MMLogger
 
-from kcla_mm.analysis.benchmark import (DEPTHS, SETTINGS, build_models,
-                                        median_memory, official_file_problem,
+from kcla_mm.analysis.benchmark import (DEPTHS, SETTINGS, median_memory,
+                                        official_file_problem,
                                         official_has_setting,
-                                        round_ratio_quartiles, setting_shapes,
-                                        time_modes,
+                                        round_ratio_quartiles, run_ratio_range,
+                                        setting_shapes, time_runs,
                                         train_step_memory_in_subprocess)
 from kcla_mm.models.layers.kcla import IMPLEMENTATIONS
 from kcla_mm.models.layers.kcla.compiled import NO_EXTENSION_ENV, extension
@@ -131,6 +137,14 @@ def parse_args(argv=None):
         help='timed iterations per model and mode')
     parser.add_argument(
         '--warmup', type=int_at_least('--warmup', 0), default=3)
+    parser.add_argument(
+        '--runs',
+        type=int_at_least('--runs', 1),
+        default=1,
+        help='independent timing runs per section, each in a fresh process '
+        '(its own memory layout and stretch of machine noise); above 1 the '
+        "tables give the median of the runs' ratios and the lowest and "
+        "highest run's, instead of the middle half of one run's rounds")
     parser.add_argument(
         '--device',
         default='cpu',
@@ -213,9 +227,13 @@ KEEP_FREED_MEMORY_ENV = {
     'MALLOC_TRIM_THRESHOLD_': str(2**32),
 }
 
-# The header's word on the rows under each timing row.
+# The header's words on the rows under each timing row, and on --runs.
 SPREAD_NOTE = (" (and the middle half of the rounds' ratios: each round's "
                "step against ResNet's of the same round)")
+RUNS_NOTE = (' in each of {runs} runs (fresh processes); the median of the '
+             "runs' figures")
+RUNS_SPREAD_NOTE = (" (and the lowest and highest run's ratio: each run's "
+                    "median against ResNet's of the same run)")
 
 
 def shapes(args, setting):
@@ -262,31 +280,28 @@ def format_table(rows, columns, base_label):
     return '\n'.join(lines)
 
 
-def run_section(args, depth, setting, threads, memory_format):
-    torch.set_num_threads(threads if threads > 0 else DEFAULT_THREADS)
+def run_section(args, depth, setting, threads):
+    count = threads if threads > 0 else DEFAULT_THREADS
     eval_shape, train_shape = shapes(args, setting)
-    models = build_models(
-        depth,
-        args.device,
-        memory_format,
+    timing = dict(
+        depth=depth,
         setting=setting,
+        eval_shape=eval_shape,
+        train_shape=train_shape,
+        threads=count,
+        modes=args.modes,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        device=args.device,
+        channels_last=args.channels_last,
         official=args.official,
         implementations=args.implementations)
+    runs = time_runs(args.runs, **timing)
     columns = column_names(args, setting)
     official_trains = official_has_setting(setting)
-    train_models = [n for n in models if n != 'official' or official_trains]
-    x_eval = torch.randn(
-        *eval_shape,
-        device=args.device).contiguous(memory_format=memory_format)
-    x_train = torch.randn(
-        *train_shape,
-        device=args.device).contiguous(memory_format=memory_format)
-    results = time_modes(models, x_eval, x_train, args.modes, args.warmup,
-                         args.repeats, args.device, train_models)
-    del models
 
     backbone = SETTINGS[setting]['backbone']
-    print(f'\n== {setting}, ResNet-{depth}, {torch.get_num_threads()} '
+    print(f'\n== {setting}, ResNet-{depth}, {count} '
           f'thread(s) (--threads {threads}): eval '
           f'{"x".join(map(str, eval_shape))}, train step '
           f'{"x".join(map(str, train_shape))} with '
@@ -297,17 +312,25 @@ def run_section(args, depth, setting, threads, memory_format):
                                                    'train step (fwd+bwd)')):
         if mode not in args.modes:
             continue
-        base = statistics.median(results[('resnet', mode)])
-        ratios = {
-            c: statistics.median(results[(c, mode)]) / base
-            for c in columns if (c, mode) in results
-        }
-        rows.append((label, base * 1e3, 'ms', ratios))
-        if args.repeats > 1:
+        base = statistics.median(
+            statistics.median(run[('resnet', mode)]) for run in runs)
+        timed = [c for c in columns if (c, mode) in runs[0]]
+        by_run = {c: run_ratio_range(runs, c, mode) for c in timed}
+        rows.append((label, base * 1e3, 'ms', {
+            c: by_run[c][0]
+            for c in timed
+        }))
+        if args.runs > 1:
+            rows.append((f'{mode}: lowest-highest run', None, '', {
+                c: by_run[c][1]
+                for c in timed
+            }))
+        elif args.repeats > 1:
+            results = runs[0]
             rounds = results[('resnet', mode)]
             spreads = {
                 c: round_ratio_quartiles(results[(c, mode)], rounds)
-                for c in columns if (c, mode) in results
+                for c in timed
             }
             rows.append((f'{mode}: 25-75% of rounds', None, '', spreads))
     if 'train' in args.modes and not args.no_memory:
@@ -357,15 +380,15 @@ def main(argv=None):
         })
     # init_weights() logs one INFO record per parameter.
     MMLogger.get_current_instance().setLevel(logging.WARNING)
-    memory_format = (
-        torch.channels_last if args.channels_last else torch.contiguous_format)
     print(f'KCLAResNet vs mmdet ResNet on {args.device}, torch '
           f'{torch.__version__}, ' +
           ('channels_last, ' if args.channels_last else 'NCHW, ') + 'malloc ' +
           ('keeping freed memory' if args.keep_freed_memory else 'defaults') +
-          f', medians of {args.repeats} after {args.warmup} warm-up; '
-          'ResNet: ms per eval forward / train step' +
-          ('' if args.repeats < 2 else SPREAD_NOTE) +
+          f', medians of {args.repeats} after {args.warmup} warm-up' +
+          ('' if args.runs == 1 else RUNS_NOTE.format(runs=args.runs)) +
+          '; ResNet: ms per eval forward / train step' +
+          (RUNS_SPREAD_NOTE if args.runs > 1 else '' if args.repeats <
+           2 else SPREAD_NOTE) +
           ('' if args.no_memory or 'train' not in args.modes else
            ', MiB of activation memory (saved for backward, weights '
            'excluded) / peak tensor memory / peak RSS growth of a train '
@@ -374,7 +397,7 @@ def main(argv=None):
     for depth in args.depth:
         for setting in args.settings:
             for threads in args.threads:
-                run_section(args, depth, setting, threads, memory_format)
+                run_section(args, depth, setting, threads)
 
 
 if __name__ == '__main__':

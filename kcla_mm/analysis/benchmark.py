@@ -324,11 +324,9 @@ def time_section_in_subprocess(**kwargs) -> Dict[Tuple[str, str], List[float]]:
     """:func:`time_section` (same arguments) in a fresh Python process: one
     of several independent runs, each with its own memory layout, its own
     oneDNN primitives and its own stretch of machine noise."""
-    spec = dict(kwargs, measure='timing')
-    for key in ('eval_shape', 'train_shape', 'modes', 'implementations'):
-        if key in spec:
-            spec[key] = list(spec[key])
-    times = json.loads(_run_module(spec, 'timing run'))
+    # JSON's keys are strings: (name, mode) travels as 'name|mode'.
+    times = json.loads(
+        _run_module(dict(kwargs, measure='timing'), 'timing run'))
     return {tuple(key.split('|')): value for key, value in times.items()}
 
 

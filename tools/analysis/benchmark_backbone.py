@@ -227,13 +227,28 @@ KEEP_FREED_MEMORY_ENV = {
     'MALLOC_TRIM_THRESHOLD_': str(2**32),
 }
 
-# The header's words on the rows under each timing row, and on --runs.
-SPREAD_NOTE = (" (and the middle half of the rounds' ratios: each round's "
-               "step against ResNet's of the same round)")
+# The header's words on --runs, and on the rows under each timing row (by
+# spread_rows).
 RUNS_NOTE = (' in each of {runs} runs (fresh processes); the median of the '
              "runs' figures")
-RUNS_SPREAD_NOTE = (" (and the lowest and highest run's ratio: each run's "
-                    "median against ResNet's of the same run)")
+SPREAD_NOTES = {
+    'rounds': (" (and the middle half of the rounds' ratios: each round's "
+               "step against ResNet's of the same round)"),
+    'runs': (" (and the lowest and highest run's ratio: each run's median "
+             "against ResNet's of the same run)"),
+    None:
+    '',
+}
+
+
+def spread_rows(args):
+    """What the row under each timing row gives: ``'runs'`` (the lowest
+    and highest run's ratio, with ``--runs`` above 1), ``'rounds'`` (the
+    middle half of one run's rounds' ratios, with two or more
+    ``--repeats``) or None (no such row)."""
+    if args.runs > 1:
+        return 'runs'
+    return 'rounds' if args.repeats > 1 else None
 
 
 def shapes(args, setting):
@@ -320,12 +335,12 @@ def run_section(args, depth, setting, threads):
             c: by_run[c][0]
             for c in timed
         }))
-        if args.runs > 1:
+        if spread_rows(args) == 'runs':
             rows.append((f'{mode}: lowest-highest run', None, '', {
                 c: by_run[c][1]
                 for c in timed
             }))
-        elif args.repeats > 1:
+        elif spread_rows(args) == 'rounds':
             results = runs[0]
             rounds = results[('resnet', mode)]
             spreads = {
@@ -387,8 +402,7 @@ def main(argv=None):
           f', medians of {args.repeats} after {args.warmup} warm-up' +
           ('' if args.runs == 1 else RUNS_NOTE.format(runs=args.runs)) +
           '; ResNet: ms per eval forward / train step' +
-          (RUNS_SPREAD_NOTE if args.runs > 1 else '' if args.repeats <
-           2 else SPREAD_NOTE) +
+          SPREAD_NOTES[spread_rows(args)] +
           ('' if args.no_memory or 'train' not in args.modes else
            ', MiB of activation memory (saved for backward, weights '
            'excluded) / peak tensor memory / peak RSS growth of a train '

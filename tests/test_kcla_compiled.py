@@ -18,6 +18,7 @@ from kcla_mm.models import KCLAResNet
 from kcla_mm.models.layers import KCLALayer, KCLAState
 from kcla_mm.models.layers.kcla import STATE_EPS
 from kcla_mm.models.layers.kcla.fused import fused_query_key, gate_and_weight
+from kcla_mm.models.layers.kcla.recompute import torch_pooled
 from helpers import (adapter_case, assert_close_to_max, incoming_state,
                      skip_module_without_extension)
 from official_reference import randomise_
@@ -253,6 +254,87 @@ def test_pooled_kernel_is_the_torch_ops(ext, float64, carry):
     assert_close_to_max(w, want_w, 1e-12)
     assert_close_to_max(z, want_z, 1e-12)
     assert_close_to_max(scale, gate / (want_z + STATE_EPS), 1e-12)
+
+
+@pytest.mark.parametrize('dtype,tolerance', [(torch.float64, 1e-12),
+                                             (torch.float32, 2e-5)])
+@pytest.mark.parametrize('carry', [False, True])
+@pytest.mark.parametrize('grads', ['all', 'scale-only', 'w-and-z'])
+def test_pooled_node_is_the_torch_ops_and_their_gradients(
+        ext, dtype, tolerance, carry, grads):
+    """A train step's pooled vectors (CompiledPooled): the outputs and the
+    gradients of the plane means, the ECA convs' weights, Phi and Z^{t-1}
+    as autograd gives them through the PyTorch ops, with heads above the
+    clamp of ||K|| / tau and outputs without a gradient."""
+    layer = randomise_(KCLALayer(256, head_dim=32)).to(dtype)
+    x = torch.empty(3, 256, 5, 4, dtype=dtype)
+    g = torch.Generator().manual_seed(1)
+    means = torch.rand(3, 256, generator=g, dtype=dtype) * 3
+    means[0, :64] *= 40  # ||K|| / tau above the clamp in heads 0 and 1
+    means.requires_grad_()
+    z_prev = (torch.rand(3, 8, generator=g, dtype=dtype) *
+              10).requires_grad_() if carry else None
+    weights = [torch.randn(3, 8, generator=g, dtype=dtype) for _ in range(3)]
+    if grads == 'scale-only':
+        weights[:2] = [None, None]
+    elif grads == 'w-and-z':
+        weights[2] = None
+    leaves = [
+        means, layer.query_conv.weight, layer.key_conv.weight,
+        layer.head_mix.weight
+    ] + ([z_prev] if carry else [])
+    results = []
+    for pooled in (torch_pooled, kcla_compiled.compiled_pooled):
+        p = layer.params()
+        assert kcla_compiled.pooled_compiles(p, x, z_prev)
+        outputs = pooled(p, x, means, z_prev)
+        loss = sum((o * wt).sum() for o, wt in zip(outputs, weights)
+                   if wt is not None)
+        results.append(
+            list(outputs) +
+            list(torch.autograd.grad(loss, leaves, allow_unused=True)))
+    w = results[0][0]
+    assert (w[0, :2] == torch.exp(torch.tensor(
+        layer.clamp, dtype=dtype))).all(), 'the test should reach the clamp'
+    for want, ours in zip(*results):
+        if want is None:
+            assert ours is None or not ours.abs().max()
+            continue
+        assert ours.dtype == want.dtype and ours.shape == want.shape
+        assert_close_to_max(ours, want, tolerance)
+
+
+def test_pooled_node_falls_back_where_it_does_not_apply(ext, monkeypatch):
+    """A Z^{t-1} in another dtype or not contiguous (a caller's state)
+    takes the PyTorch ops."""
+    calls = []
+    monkeypatch.setattr(kcla_compiled.CompiledPooled, 'apply',
+                        lambda *a: calls.append(1))
+    layer = randomise_(KCLALayer(256, head_dim=32))
+    p, x = layer.params(), torch.rand(2, 256, 5, 4)
+    for z_prev in (torch.rand(8, 2).t(), torch.rand(2, 8,
+                                                    dtype=torch.float64)):
+        assert not kcla_compiled.pooled_compiles(p, x, z_prev)
+        ours = kcla_compiled.compiled_pooled(p, x, None, z_prev)
+        for a, b in zip(ours, torch_pooled(p, x, None, z_prev)):
+            assert torch.equal(a, b)
+    assert not calls
+
+
+def test_train_steps_run_the_pooled_node(ext, monkeypatch):
+    """'auto' runs CompiledPooled in a train step of a whole backbone (with
+    and without the fused block tail), and nowhere in inference."""
+    calls = []
+    real = kcla_compiled.CompiledPooled.apply
+    monkeypatch.setattr(kcla_compiled.CompiledPooled, 'apply',
+                        lambda *a: calls.append(1) or real(*a))
+    model = KCLAResNet(depth=18, out_indices=(3, ))
+    model(torch.rand(2, 3, 64, 64))[0].sum().backward()
+    assert len(calls) == 8  # one per block
+    calls.clear()
+    with torch.no_grad():
+        model(torch.rand(2, 3, 64, 64))
+    assert not calls
 
 
 @pytest.mark.parametrize('n', [1, 3])

@@ -964,13 +964,14 @@ inline double layer_weight(double key_norm, double tau, double clamp) {
   return std::exp(std::min(key_norm / tau, clamp));
 }
 
-// The pooled-vector work of one layer in inference, where eager PyTorch
+// The pooled-vector work of one layer, where eager PyTorch
 // spends more time dispatching a dozen ops on (N, C) vectors than
 // computing them: Q and K (ECA conv1d over the pooled channels), the layer
 // weight w = exp(min(||K_h|| / tau_h, clamp)), the gate
 // sigmoid(Phi(<Q_h, K_h> / ||K_h||)), Z^t = Z^{t-1} + w and
 // scale = gate / (Z^t + state_eps). Returns (w, Z^t, scale), (N, heads),
-// in x's dtype. No autograd: training keeps the PyTorch ops. ``means``,
+// in x's dtype. No autograd (a train step's node runs pooled_backward
+// after it: kcla/compiled.py's CompiledPooled). ``means``,
 // where given, are x's plane means (N, C) in float64, as block_tail_forward
 // returns them, and x is not read.
 std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
@@ -1039,6 +1040,135 @@ std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
     }
   });
   return {w, z, scale};
+}
+
+// Backward of pooled_forward for a train step, from the plane means (N, C)
+// in float64 that the forward read, recomputing its (N, C) and (N, heads)
+// vectors in double. Each incoming gradient (N, heads) may be undefined
+// (no gradient). The gradients follow PyTorch's ops on the same vectors
+// (kcla/fused.py's fused_query_key and gate_and_weight): none through the
+// clamp of ||K|| / tau where it is above the clamp, nor through the 1e-12
+// floor of ||K|| where ||K|| is below it, and none from ||K|| = 0 into K.
+// Returns the gradients of (means (N, C) float64, query_weight,
+// key_weight (ks), head_mix (heads, heads), Z^{t-1} (N, heads)), the last
+// four in x's dtype; summed serially in a fixed order.
+std::vector<Tensor> pooled_backward(
+    const c10::optional<Tensor>& grad_w, const c10::optional<Tensor>& grad_z,
+    const c10::optional<Tensor>& grad_scale, const Tensor& x,
+    const Tensor& query_weight, const Tensor& key_weight, const Tensor& tau,
+    double clamp, const Tensor& head_mix, const c10::optional<Tensor>& z_prev,
+    double state_eps, const Tensor& means) {
+  TORCH_CHECK(x.dim() == 4, "kcla pooled_backward: x must be (N, C, H, W)");
+  const int64_t N = x.size(0), C = x.size(1);
+  const int64_t heads = tau.size(0), head_dim = C / heads;
+  const int64_t ks = query_weight.numel(), pad = (ks - 1) / 2;
+  TORCH_CHECK(means.scalar_type() == at::kDouble && means.numel() == N * C &&
+                  means.is_contiguous(),
+              "kcla pooled_backward: means must be (N, C) float64");
+  auto defined = [](const c10::optional<Tensor>& t) {
+    return t.has_value() && t->defined();
+  };
+  auto as_double = [&](const c10::optional<Tensor>& t) {
+    return defined(t) ? t->to(at::kDouble).contiguous() : Tensor();
+  };
+  const Tensor gw_in = as_double(grad_w), gz_in = as_double(grad_z),
+               gs_in = as_double(grad_scale);
+  auto options = means.options();
+  Tensor grad_means = at::zeros({N, C}, options);
+  Tensor grad_qw = at::zeros({ks}, options);
+  Tensor grad_kw = at::zeros({ks}, options);
+  Tensor grad_mix = at::zeros({heads, heads}, options);
+  Tensor grad_z_prev = at::empty({N, heads}, options);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kcla_pooled_backward", [&] {
+    using T = scalar_t;
+    const T* qw = query_weight.data_ptr<T>();
+    const T* kw = key_weight.data_ptr<T>();
+    const T* taup = tau.data_ptr<T>();
+    const T* mix = head_mix.data_ptr<T>();
+    const T* zp = optional_ptr<T>(z_prev);
+    const double* mp = means.data_ptr<double>();
+    const double* gwp = gw_in.defined() ? gw_in.data_ptr<double>() : nullptr;
+    const double* gzp = gz_in.defined() ? gz_in.data_ptr<double>() : nullptr;
+    const double* gsp = gs_in.defined() ? gs_in.data_ptr<double>() : nullptr;
+    double* gmp = grad_means.data_ptr<double>();
+    double* gqwp = grad_qw.data_ptr<double>();
+    double* gkwp = grad_kw.data_ptr<double>();
+    double* gmixp = grad_mix.data_ptr<double>();
+    double* gzpp = grad_z_prev.data_ptr<double>();
+    std::vector<double> q(C), k(C), gq(C), gk(C);
+    std::vector<double> k_norm(heads), qk(heads), q_cos(heads), gphi(heads);
+    for (int64_t n = 0; n < N; ++n) {
+      const double* pn = mp + n * C;
+      for (int64_t c = 0; c < C; ++c) {
+        q[c] = eca_tap(qw, ks, pn, C, c);
+        k[c] = eca_tap(kw, ks, pn, C, c);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        double dot = 0, kk = 0;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const int64_t c = h * head_dim + d;
+          dot += q[c] * k[c];
+          kk += k[c] * k[c];
+        }
+        k_norm[h] = std::sqrt(kk);
+        qk[h] = dot;
+        q_cos[h] = dot / std::max(k_norm[h], 1e-12);
+      }
+      // Z^t = Z^{t-1} + w and scale = gate / (Z^t + eps), as the forward
+      // rounded them.
+      std::vector<double> gw_total(heads);
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t i = n * heads + h;
+        const T w = T(layer_weight(k_norm[h], taup[h], clamp));
+        const double zt = double((zp ? zp[i] : T(0)) + w);
+        double phi = 0;
+        for (int64_t j = 0; j < heads; ++j)
+          phi += double(mix[h * heads + j]) * q_cos[j];
+        const double gate = 1.0 / (1.0 + std::exp(-phi));
+        const double den = zt + state_eps;
+        const double gs = gsp ? gsp[i] : 0.0;
+        const double gzt = (gzp ? gzp[i] : 0.0) - gs * gate / (den * den);
+        gzpp[i] = gzt;
+        gw_total[h] = (gwp ? gwp[i] : 0.0) + gzt;
+        gphi[h] = gs / den * gate * (1.0 - gate);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        // Phi's gradient, and q_cos's through it.
+        double g_cos = 0;
+        for (int64_t j = 0; j < heads; ++j) {
+          g_cos += gphi[j] * double(mix[j * heads + h]);
+          gmixp[h * heads + j] += gphi[h] * q_cos[j];
+        }
+        const double floor_norm = std::max(k_norm[h], 1e-12);
+        const double g_dot = g_cos / floor_norm;
+        double g_norm = k_norm[h] >= 1e-12
+                            ? -g_cos * qk[h] / (floor_norm * floor_norm)
+                            : 0.0;
+        const double tau_h = double(taup[h]);
+        if (k_norm[h] / tau_h <= clamp)
+          g_norm += gw_total[h] * std::exp(k_norm[h] / tau_h) / tau_h;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const int64_t c = h * head_dim + d;
+          gq[c] = g_dot * k[c];
+          gk[c] = g_dot * q[c] +
+                  (k_norm[h] > 0 ? g_norm * k[c] / k_norm[h] : 0.0);
+        }
+      }
+      // The conv1d's backward: q[c] = sum_t qw[t] m[c + t - pad].
+      for (int64_t c = 0; c < C; ++c) {
+        for (int64_t t = 0; t < ks; ++t) {
+          const int64_t src = c + t - pad;
+          if (src < 0 || src >= C) continue;
+          gmp[n * C + src] += gq[c] * double(qw[t]) + gk[c] * double(kw[t]);
+          gqwp[t] += gq[c] * pn[src];
+          gkwp[t] += gk[c] * pn[src];
+        }
+      }
+    }
+  });
+  auto to_x = [&](const Tensor& t) { return t.to(x.scalar_type()); };
+  return {grad_means, to_x(grad_qw), to_x(grad_kw), to_x(grad_mix),
+          to_x(grad_z_prev)};
 }
 
 // The end of a residual block in inference, fused with the plane means
@@ -1367,6 +1497,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pooled_forward", &pooled_forward,
         "Queries, keys, layer weight, gate and state normaliser of one "
         "layer, without autograd");
+  m.def("pooled_backward", &pooled_backward,
+        "Backward of pooled_forward, for a train step");
   m.def("block_tail_forward", &block_tail_forward,
         "A residual block's norm, residual add and ReLU in inference, with "
         "the plane means of the result");
@@ -1388,5 +1520,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // results: kcla_mm/models/layers/kcla/compiled.py's KERNEL_INTERFACE,
   // raised with every change to them, so that a build of older sources is
   // not called with the new arguments.
-  m.attr("interface") = 4;
+  m.attr("interface") = 5;
 }

@@ -10,7 +10,9 @@ inference) and keep none: the backward pass recomputes the state with the
 :class:`~.recompute.StateTape` of ``'recompute'`` and the conv plane by
 plane, in cache. In inference the pooled-vector work (queries, keys, weights,
 gate) is one more kernel call, and Algorithm 1, where the layer
-re-normalises, another; in training both stay in PyTorch, with autograd.
+re-normalises, another; in training the pooled vectors are one node of
+their own (:class:`CompiledPooled`) and Algorithm 1 stays in PyTorch, with
+autograd.
 
 The extension is built by ``pip install -e .`` (setup.py) where a C++
 compiler is found; ``kcla_implementation='auto'`` (the default) uses it for
@@ -33,13 +35,13 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ....torch_compat import is_autocast_enabled, is_compiling, is_exporting
-from ..attention_branch import drop_path_mask
+from ..attention_branch import drop_path_mask, spatial_mean
 from ..profiling import phase
 from .fused import folds_renormalise, renormalise_in_forward
 from .gradient_reuse import reusable_gradients, unshared_holders
 from .params import KCLAParams
 from .recompute import (StateTape, differentiable_once, differentiates,
-                        recomputed_forward, saved)
+                        recomputed_forward, saved, torch_pooled)
 from .state import STATE_EPS, KCLAState
 
 
@@ -77,7 +79,7 @@ def extension() -> Optional[ModuleType]:
 #: built module, raised with every change to the functions' arguments or
 #: results): a build of older sources, left in a source tree that was
 #: updated without reinstalling, is not loaded.
-KERNEL_INTERFACE = 4
+KERNEL_INTERFACE = 5
 
 
 @lru_cache(maxsize=None)
@@ -298,6 +300,78 @@ def compiled_update(p: KCLAParams, tape: StateTape, step: int, keep_prev: bool,
                                 p.norm.bias, p.branch_scale)
 
 
+class CompiledPooled(torch.autograd.Function):
+    """(means, query_weight, key_weight, head_mix, Z^{t-1}) -> (w, Z^t,
+    gate / (Z^t + eps)) of a train step in the kernels: ``pooled_forward``
+    and ``pooled_backward``, where eager PyTorch runs about fifteen ops on
+    (N, C) and (N, heads) vectors each way, each costing more to dispatch
+    and record than to compute. Keeps the plane means in float64 and
+    recomputes the vectors in backward."""
+
+    @staticmethod
+    def forward(ctx, p: KCLAParams, shape: torch.Size, means: Tensor,
+                query_weight: Tensor, key_weight: Tensor, head_mix: Tensor,
+                z_prev: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        means64 = means.to(torch.float64).contiguous()
+        # The kernels read only x's sizes and dtype where given the means.
+        ctx.x = means.new_empty((*shape[:2], 1, 1), dtype=query_weight.dtype)
+        ctx.params, ctx.means_dtype = p, means.dtype
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(means64, query_weight, key_weight, head_mix,
+                              z_prev)
+        return tuple(extension().pooled_forward(ctx.x, query_weight,
+                                                key_weight, p.tau, p.clamp,
+                                                head_mix, z_prev, STATE_EPS,
+                                                means64))
+
+    @staticmethod
+    def backward(ctx, grad_w: Optional[Tensor], grad_z: Optional[Tensor],
+                 grad_scale: Optional[Tensor]):
+        differentiable_once('CompiledPooled')
+        means64, query_weight, key_weight, head_mix, z_prev = saved(ctx)
+        p = ctx.params
+        (grad_means, grad_query, grad_key, grad_mix,
+         grad_z_prev) = extension().pooled_backward(grad_w, grad_z, grad_scale,
+                                                    ctx.x, query_weight,
+                                                    key_weight, p.tau, p.clamp,
+                                                    head_mix, z_prev,
+                                                    STATE_EPS, means64)
+        needs = ctx.needs_input_grad
+        return (None, None,
+                grad_means.to(ctx.means_dtype) if needs[2] else None,
+                grad_query.view_as(query_weight) if needs[3] else None,
+                grad_key.view_as(key_weight) if needs[4] else None,
+                grad_mix.view_as(head_mix) if needs[5] else None,
+                grad_z_prev if needs[6] else None)
+
+
+def pooled_compiles(p: KCLAParams, x: Tensor,
+                    z_prev: Optional[Tensor]) -> bool:
+    """Whether :class:`CompiledPooled` covers a train step's pooled vectors
+    (beyond :func:`compiled_applies`, which the caller checked): the
+    weights, temperatures and Z^{t-1} in ``x``'s dtype and contiguous, and
+    the ECA-style convs that :func:`.eca_conv1d` builds."""
+    tensors = (p.query_weight, p.key_weight, p.head_mix, p.tau) + (
+        () if z_prev is None else (z_prev, ))
+    ks = p.query_weight.numel()
+    return (all(t.dtype == x.dtype and t.is_contiguous() for t in tensors)
+            and p.key_weight.numel() == ks and ks % 2 == 1
+            and p.eca_padding == (ks - 1) // 2)
+
+
+def compiled_pooled(p: KCLAParams, x: Tensor, means: Optional[Tensor],
+                    z_prev: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """The pooled vectors of :func:`.recomputed_forward` for the kernels'
+    update node: :class:`CompiledPooled` where :func:`pooled_compiles`,
+    else the PyTorch ops (:func:`.torch_pooled`)."""
+    if not pooled_compiles(p, x, z_prev):
+        return torch_pooled(p, x, means, z_prev)
+    if means is None:
+        means = spatial_mean(x)
+    return CompiledPooled.apply(p, x.shape, means, p.query_weight,
+                                p.key_weight, p.head_mix, z_prev)
+
+
 def renormalise_compiles(p: KCLAParams, state: KCLAState) -> bool:
     """Whether :func:`compiled_renormalise` covers Algorithm 1 here: where
     :func:`.folds_renormalise` does (inference, an eval BN, a plain 1x1
@@ -343,7 +417,8 @@ def compiled_forward(p: KCLAParams,
     state is never written over (its caller may hold it); Algorithm 1's new
     one, which this call makes, is (:func:`owns_new_state`)."""
     if differentiates(p, x, state):
-        return recomputed_forward(p, x, state, update=compiled_update)
+        return recomputed_forward(
+            p, x, state, update=compiled_update, pooled=compiled_pooled)
     ext = extension()
     # Whether U^t may be written over U^{t-1}: only over a state that this
     # call made itself (Algorithm 1's), which nothing else holds.

@@ -470,20 +470,37 @@ def recomputed_update(p: KCLAParams, tape: StateTape, step: int,
 # update(p, tape, step, keep_prev, x, u_prev, w, scale, mask) -> (x, u)
 UpdateNode = Callable[..., Tuple[Tensor, Tensor]]
 
+# pooled(p, x, means, Z^{t-1}) -> (w, Z^t, gate / (Z^t + eps)), each
+# (N, heads); means as recomputed_forward takes them.
+PooledVectors = Callable[
+    [KCLAParams, Tensor, Optional[Tensor], Optional[Tensor]],
+    Tuple[Tensor, Tensor, Tensor]]
+
+
+def torch_pooled(p: KCLAParams, x: Tensor, means: Optional[Tensor],
+                 z_prev: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """The pooled-vector work of a layer (queries, keys, the layer weight,
+    the gate, ``Z^t`` and the branch's scale) in PyTorch ops, as
+    :func:`.fused_forward` runs it."""
+    gate, w = gate_and_weight(p, *fused_query_key(p, x, means))
+    z = w if z_prev is None else z_prev + w
+    return w, z, gate / (z + STATE_EPS)
+
 
 def recomputed_forward(
         p: KCLAParams,
         x: Tensor,
         state: Optional[KCLAState],
         update: UpdateNode = recomputed_update,
-        means: Optional[Tensor] = None) -> Tuple[Tensor, KCLAState]:
+        means: Optional[Tensor] = None,
+        pooled: PooledVectors = torch_pooled) -> Tuple[Tensor, KCLAState]:
     """:func:`.fused_forward` (outside inference) with the update and the
     branch in one node made by ``update`` (:class:`RecomputedUpdate`, or
-    the compiled kernels' node), and Algorithm 1 in a
-    :class:`RecomputedRenorm` node; falls back to the fused path where
-    :func:`replayable` says no. ``means``, where given, are ``x``'s plane
-    means as :func:`.spatial_mean` gives them, made with ``x`` by the
-    caller (:mod:`.train_tail`)."""
+    the compiled kernels' node), the pooled vectors by ``pooled``, and
+    Algorithm 1 in a :class:`RecomputedRenorm` node; falls back to the
+    fused path where :func:`replayable` says no. ``means``, where given,
+    are ``x``'s plane means as :func:`.spatial_mean` gives them, made with
+    ``x`` by the caller (:mod:`.train_tail`)."""
     if not replayable(p, x, state):
         return fused_forward(p, x, state)
     # A start that nothing else can recompute (a state from a fused layer,
@@ -505,11 +522,9 @@ def recomputed_forward(
         step += 1
     keep_prev = step == 1 and tape.start is None
     with phase('pooled'):
-        gate, w = gate_and_weight(p, *fused_query_key(p, x, means))
-    z = w if state is None else state.z + w
+        w, z, scale = pooled(p, x, means, None if state is None else state.z)
     mask = drop_path_mask(x, p.drop_path, p.training)
     x, u = update(p, tape, step, keep_prev, x,
-                  None if state is None else state.u, w,
-                  gate / (z + STATE_EPS), mask)
+                  None if state is None else state.u, w, scale, mask)
     # The next layer finds the tape through the state it receives.
     return x, KCLAState(u, z, (tape, step))

@@ -37,7 +37,7 @@ from torch.nn.modules import module as module_hooks
 from ....torch_compat import is_compiling, is_exporting
 from .block_tail import (BOTTLENECKS, KNOWN_BLOCKS, calls_layer_directly,
                          has_hooks)
-from .compiled import compiled_update, extension
+from .compiled import compiled_pooled, compiled_update, extension
 from .dispatch import select_implementation
 from .gradient_reuse import reusable_gradients
 from .params import KCLAParams
@@ -102,7 +102,12 @@ def block_tail_and_layer(
     x, means = AddReLUMeans.apply(pre, identity)
     layer.last_implementation = 'compiled'
     return recomputed_forward(
-        params, x, state, update=compiled_update, means=means)
+        params,
+        x,
+        state,
+        update=compiled_update,
+        means=means,
+        pooled=compiled_pooled)
 
 
 def runs_body(block: nn.Module, layer: 'KCLALayer') -> bool:

@@ -964,6 +964,41 @@ inline double layer_weight(double key_norm, double tau, double clamp) {
   return std::exp(std::min(key_norm / tau, clamp));
 }
 
+// The per-head vectors of one sample from its plane means pn (C values):
+// Q and K (ECA conv1d, into q and k), ||K_h||, <Q_h, K_h> and
+// ||Q_h|| cos theta = <Q_h, K_h> / ||K_h||, the norm floored at 1e-12 (it
+// only guards K = 0, as in the PyTorch layer). pooled_forward computes them
+// and pooled_backward recomputes them, with this one arithmetic.
+template <typename T>
+void pooled_vectors(const T* qw, const T* kw, int64_t ks, const double* pn,
+                    int64_t C, int64_t heads, double* q, double* k,
+                    double* k_norm, double* qk, double* q_cos) {
+  const int64_t head_dim = C / heads;
+  for (int64_t h = 0; h < heads; ++h) {
+    double dot = 0, kk = 0;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      const int64_t c = h * head_dim + d;
+      q[c] = eca_tap(qw, ks, pn, C, c);
+      k[c] = eca_tap(kw, ks, pn, C, c);
+      dot += q[c] * k[c];
+      kk += k[c] * k[c];
+    }
+    k_norm[h] = std::sqrt(kk);
+    qk[h] = dot;
+    q_cos[h] = dot / std::max(k_norm[h], 1e-12);
+  }
+}
+
+// The gate of head h: sigmoid(Phi(q_cos))_h, Phi = mix (heads, heads).
+template <typename T>
+double head_gate(const T* mix, const double* q_cos, int64_t heads,
+                 int64_t h) {
+  double phi = 0;
+  for (int64_t j = 0; j < heads; ++j)
+    phi += double(mix[h * heads + j]) * q_cos[j];
+  return 1.0 / (1.0 + std::exp(-phi));
+}
+
 // The pooled-vector work of one layer, where eager PyTorch
 // spends more time dispatching a dozen ops on (N, C) vectors than
 // computing them: Q and K (ECA conv1d over the pooled channels), the layer
@@ -982,7 +1017,7 @@ std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
                                    const c10::optional<Tensor>& means) {
   TORCH_CHECK(x.dim() == 4, "kcla pooled_forward: x must be (N, C, H, W)");
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
-  const int64_t heads = tau.size(0), head_dim = C / heads;
+  const int64_t heads = tau.size(0);
   const int64_t ks = query_weight.numel();
   Tensor w = at::empty({N, heads}, x.options());
   Tensor z = at::empty({N, heads}, x.options());
@@ -1011,28 +1046,14 @@ std::vector<Tensor> pooled_forward(const Tensor& x, const Tensor& query_weight,
     T* wp = w.data_ptr<T>();
     T* zo = z.data_ptr<T>();
     T* so = scale.data_ptr<T>();
-    std::vector<double> q_cos(heads);
+    std::vector<double> q(C), k(C), k_norm(heads), qk(heads), q_cos(heads);
     for (int64_t n = 0; n < N; ++n) {
-      const double* pn = pooled.data() + n * C;
+      pooled_vectors(qw, kw, ks, pooled.data() + n * C, C, heads, q.data(),
+                     k.data(), k_norm.data(), qk.data(), q_cos.data());
+      for (int64_t h = 0; h < heads; ++h)
+        wp[n * heads + h] = T(layer_weight(k_norm[h], taup[h], clamp));
       for (int64_t h = 0; h < heads; ++h) {
-        double qk = 0, kk = 0;
-        for (int64_t d = 0; d < head_dim; ++d) {
-          const int64_t c = h * head_dim + d;
-          const double q = eca_tap(qw, ks, pn, C, c);
-          const double k = eca_tap(kw, ks, pn, C, c);
-          qk += q * k;
-          kk += k * k;
-        }
-        const double k_norm = std::sqrt(kk);
-        // The clamp only guards K = 0, as in the PyTorch layer.
-        q_cos[h] = qk / std::max(k_norm, 1e-12);
-        wp[n * heads + h] = T(layer_weight(k_norm, taup[h], clamp));
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        double phi = 0;
-        for (int64_t j = 0; j < heads; ++j)
-          phi += double(mix[h * heads + j]) * q_cos[j];
-        const double gate = 1.0 / (1.0 + std::exp(-phi));
+        const double gate = head_gate(mix, q_cos.data(), heads, h);
         const T zt = (zp ? zp[n * heads + h] : T(0)) + wp[n * heads + h];
         zo[n * heads + h] = zt;
         so[n * heads + h] = T(gate / (double(zt) + state_eps));
@@ -1065,14 +1086,13 @@ std::vector<Tensor> pooled_backward(
   TORCH_CHECK(means.scalar_type() == at::kDouble && means.numel() == N * C &&
                   means.is_contiguous(),
               "kcla pooled_backward: means must be (N, C) float64");
-  auto defined = [](const c10::optional<Tensor>& t) {
-    return t.has_value() && t->defined();
+  auto as_double =
+      [](const c10::optional<Tensor>& t) -> c10::optional<Tensor> {
+    if (!(t.has_value() && t->defined())) return c10::nullopt;
+    return t->to(at::kDouble).contiguous();
   };
-  auto as_double = [&](const c10::optional<Tensor>& t) {
-    return defined(t) ? t->to(at::kDouble).contiguous() : Tensor();
-  };
-  const Tensor gw_in = as_double(grad_w), gz_in = as_double(grad_z),
-               gs_in = as_double(grad_scale);
+  const auto gw_in = as_double(grad_w), gz_in = as_double(grad_z),
+             gs_in = as_double(grad_scale);
   auto options = means.options();
   Tensor grad_means = at::zeros({N, C}, options);
   Tensor grad_qw = at::zeros({ks}, options);
@@ -1087,44 +1107,28 @@ std::vector<Tensor> pooled_backward(
     const T* mix = head_mix.data_ptr<T>();
     const T* zp = optional_ptr<T>(z_prev);
     const double* mp = means.data_ptr<double>();
-    const double* gwp = gw_in.defined() ? gw_in.data_ptr<double>() : nullptr;
-    const double* gzp = gz_in.defined() ? gz_in.data_ptr<double>() : nullptr;
-    const double* gsp = gs_in.defined() ? gs_in.data_ptr<double>() : nullptr;
+    const double* gwp = optional_ptr<double>(gw_in);
+    const double* gzp = optional_ptr<double>(gz_in);
+    const double* gsp = optional_ptr<double>(gs_in);
     double* gmp = grad_means.data_ptr<double>();
     double* gqwp = grad_qw.data_ptr<double>();
     double* gkwp = grad_kw.data_ptr<double>();
     double* gmixp = grad_mix.data_ptr<double>();
     double* gzpp = grad_z_prev.data_ptr<double>();
     std::vector<double> q(C), k(C), gq(C), gk(C);
-    std::vector<double> k_norm(heads), qk(heads), q_cos(heads), gphi(heads);
+    std::vector<double> k_norm(heads), qk(heads), q_cos(heads), gphi(heads),
+        gw_total(heads);
     for (int64_t n = 0; n < N; ++n) {
       const double* pn = mp + n * C;
-      for (int64_t c = 0; c < C; ++c) {
-        q[c] = eca_tap(qw, ks, pn, C, c);
-        k[c] = eca_tap(kw, ks, pn, C, c);
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        double dot = 0, kk = 0;
-        for (int64_t d = 0; d < head_dim; ++d) {
-          const int64_t c = h * head_dim + d;
-          dot += q[c] * k[c];
-          kk += k[c] * k[c];
-        }
-        k_norm[h] = std::sqrt(kk);
-        qk[h] = dot;
-        q_cos[h] = dot / std::max(k_norm[h], 1e-12);
-      }
+      pooled_vectors(qw, kw, ks, pn, C, heads, q.data(), k.data(),
+                     k_norm.data(), qk.data(), q_cos.data());
       // Z^t = Z^{t-1} + w and scale = gate / (Z^t + eps), as the forward
       // rounded them.
-      std::vector<double> gw_total(heads);
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t i = n * heads + h;
         const T w = T(layer_weight(k_norm[h], taup[h], clamp));
         const double zt = double((zp ? zp[i] : T(0)) + w);
-        double phi = 0;
-        for (int64_t j = 0; j < heads; ++j)
-          phi += double(mix[h * heads + j]) * q_cos[j];
-        const double gate = 1.0 / (1.0 + std::exp(-phi));
+        const double gate = head_gate(mix, q_cos.data(), heads, h);
         const double den = zt + state_eps;
         const double gs = gsp ? gsp[i] : 0.0;
         const double gzt = (gzp ? gzp[i] : 0.0) - gs * gate / (den * den);

@@ -12,9 +12,11 @@ import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 
-from kcla_mm.analysis.benchmark import (can_measure_peak_rss, load_official,
-                                        median_memory, round_ratio_quartiles,
-                                        run_ratio_range, setting_shapes,
+from kcla_mm.analysis.benchmark import (ModelProcess, can_measure_peak_rss,
+                                        load_official, median_memory,
+                                        round_ratio_quartiles, run_ratio_range,
+                                        setting_shapes,
+                                        time_section_in_processes,
                                         time_section_in_subprocess)
 from kcla_mm.analysis.complexity import (saved_activation_bytes,
                                          train_step_allocated_peak)
@@ -289,6 +291,87 @@ def test_timing_run_failure_names_the_run():
             eval_shape=(1, 3, 32, 32),
             train_shape=(2, 3, 32, 32),
             threads=1)
+
+
+def test_benchmark_backbone_process_per_model(benchmark_tool, capsys):
+    """--process-per-model: the header says so, and the table is the same
+    table."""
+    benchmark_tool.main(
+        [*TINY, '--modes', 'eval', '--no-memory', '--process-per-model'])
+    out = capsys.readouterr().out
+    assert 'each model in a process of its own' in out
+    table = benchmark_tables(out)[('imagenet', 1)]
+    assert table['columns'] == ['ResNet-18', 'KCLA', 'auto']
+    assert table['eval forward'][1][0] > 0
+
+
+def test_model_processes_time_every_model_and_mode():
+    """One process per model, every (model, mode) timed ``repeats`` times
+    after the warm-up rounds."""
+    times = time_section_in_processes(
+        depth=18,
+        setting='detection',
+        eval_shape=(1, 3, 64, 64),
+        train_shape=(2, 3, 64, 64),
+        threads=1,
+        warmup=1,
+        repeats=2,
+        implementations=('auto', 'fused'))
+    assert set(times) == {(name, mode)
+                          for name in ('resnet', 'kcla:auto', 'kcla:fused')
+                          for mode in ('eval', 'train')}
+    for seconds in times.values():
+        assert len(seconds) == 2 and min(seconds) > 0
+
+
+# An official file that prints while it builds and in every forward, lines
+# that a reader of the process's stdout would take for replies.
+PRINTING_OFFICIAL = """
+import torch.nn as nn
+
+class PrintingConv(nn.Conv2d):
+    def forward(self, x):
+        print('0.5')
+        return super().forward(x)
+
+def resnet50_kcla():
+    print('ready')
+    return nn.Sequential(PrintingConv(3, 8, 3), nn.BatchNorm2d(8))
+"""
+
+
+def test_model_process_replies_past_the_models_prints(tmp_path):
+    """What the model prints goes to the process's stderr: the replies are
+    the steps' seconds, not the printed lines."""
+    official = tmp_path / 'kcla_resnet.py'
+    official.write_text(PRINTING_OFFICIAL)
+    process = ModelProcess(
+        'official',
+        50,
+        'imagenet', (1, 3, 16, 16), (2, 3, 16, 16),
+        1,
+        official=str(official))
+    try:
+        process.wait_ready()
+        seconds = [process.step(mode) for mode in ('eval', 'train', 'eval')]
+        with pytest.raises(ValueError, match="mode 'test': not one of"):
+            process.step('test')
+    finally:
+        process.close()
+    assert all(0 < s != 0.5 for s in seconds), seconds
+
+
+def test_model_process_failure_names_the_model():
+    with pytest.raises(RuntimeError) as error:
+        time_section_in_processes(
+            depth=42,
+            setting='imagenet',
+            eval_shape=(1, 3, 32, 32),
+            train_shape=(2, 3, 32, 32),
+            threads=1)
+    message = str(error.value)
+    assert 'the timing process of resnet failed while building the model' \
+        in message and 'invalid depth 42' in message, message
 
 
 def test_round_ratio_quartiles():

@@ -4,8 +4,10 @@ activation memory of a train step and its peak memory growth (of the
 tensors, and on the CPU of the process's resident set).
 
 The models are measured in one run, alternating iteration by iteration
-(:func:`kcla_mm.analysis.timing.alternating_times`) so that machine noise
-hits them alike. Speed is a measurement, not a test: nothing here asserts.
+(:func:`kcla_mm.analysis.timing.alternating_runs`) so that machine noise
+hits them alike: in one process, or each in a process of its own
+(:class:`ModelProcess`). Speed is a measurement, not a test: nothing here
+asserts.
 
 Memory is measured per model in a fresh process
 (:func:`train_step_memory_in_subprocess`, this module run with ``-m``), and
@@ -15,10 +17,12 @@ import ast
 import gc
 import importlib.util
 import json
+import os
 import os.path as osp
 import statistics
 import subprocess
 import sys
+import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -28,7 +32,8 @@ from torch import Tensor
 
 from ..models import KCLAResNet
 from .complexity import saved_activation_bytes, train_step_allocated_peak
-from .timing import alternating_times, eval_step, train_step
+from .timing import (alternating_runs, alternating_times, eval_step,
+                     timed_step, train_step)
 
 MODES = ('eval', 'train')
 
@@ -330,10 +335,194 @@ def time_section_in_subprocess(**kwargs) -> Dict[Tuple[str, str], List[float]]:
     return {tuple(key.split('|')): value for key, value in times.items()}
 
 
-def time_runs(runs: int, **kwargs) -> List[Dict[Tuple[str, str], List[float]]]:
+# Models that alternate in one process (time_section) share glibc's heap:
+# what one step frees, the other's next step reuses or finds trimmed away,
+# so which model pays the page faults of growing the heap again depends on
+# the pair, not only on the model (docs/benchmarks.md, "Models sharing a
+# process"). A ModelProcess holds one model, as a user's process does, and
+# the rounds still alternate between the processes; but each process also
+# brings its own memory layout, which on the project's VM moved the eval
+# ratio between runs far more than sharing a process did, so the tools
+# keep one process by default.
+class ModelProcess:
+    """One model of :func:`build_model` in a fresh Python process (this
+    module with ``-m``), with its inputs, running one step when asked:
+    ``step('eval')`` or ``step('train')`` returns the seconds the step took
+    in that process (:func:`kcla_mm.analysis.timing.timed_step`).
+
+    Args:
+        name (str): The model (:func:`model_names`).
+        depth (int): ResNet depth.
+        setting (str): One of :data:`SETTINGS`.
+        eval_shape, train_shape (Sequence[int]): The inputs' shapes.
+        threads (int): torch intra-op threads.
+        device (str): The model's and inputs' device.
+        channels_last (bool): Model and inputs in channels_last.
+        official (str, optional): The official file, for ``'official'``.
+    """
+
+    def __init__(self,
+                 name: str,
+                 depth: int,
+                 setting: str,
+                 eval_shape: Sequence[int],
+                 train_shape: Sequence[int],
+                 threads: int,
+                 device: str = 'cpu',
+                 channels_last: bool = False,
+                 official: Optional[str] = None):
+        self.name = name
+        spec = dict(
+            measure='steps',
+            name=name,
+            depth=depth,
+            setting=setting,
+            eval_shape=list(eval_shape),
+            train_shape=list(train_shape),
+            threads=threads,
+            device=device,
+            channels_last=channels_last,
+            official=official)
+        # A file, not a pipe, for the worker's messages: nobody reads them
+        # until it fails, and a full pipe would stall it.
+        self._stderr = tempfile.TemporaryFile(mode='w+')
+        self._process = subprocess.Popen(
+            [sys.executable, '-m', __name__,
+             json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            bufsize=1)
+
+    def _reply(self, what: str) -> str:
+        line = self._process.stdout.readline()
+        if not line:
+            self._process.wait()
+            self._stderr.seek(0)
+            raise RuntimeError(
+                f'the timing process of {self.name} failed {what} (exit '
+                f'status {self._process.returncode}):\n'
+                f'{self._stderr.read()[-3000:]}')
+        return line.strip()
+
+    def wait_ready(self) -> None:
+        """Returns once the model is built (raises if building failed)."""
+        reply = self._reply('while building the model')
+        if reply != 'ready':
+            raise RuntimeError(f'the timing process of {self.name} said '
+                               f'{reply!r} instead of ready')
+
+    def step(self, mode: str) -> float:
+        """Seconds of one ``mode`` step (``'eval'`` or ``'train'``)."""
+        if mode not in MODES:
+            raise ValueError(f'mode {mode!r}: not one of {MODES}')
+        self._process.stdin.write(mode + '\n')
+        self._process.stdin.flush()
+        return float(self._reply(f'in a {mode} step'))
+
+    def close(self) -> None:
+        """Ends the process (asks it to quit, kills it if it does not)."""
+        if self._process.poll() is None:
+            try:
+                self._process.stdin.write('quit\n')
+                self._process.stdin.flush()
+                self._process.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self._process.kill()
+                self._process.wait()
+        self._stderr.close()
+
+
+def serve_steps(name: str,
+                depth: int,
+                setting: str,
+                eval_shape: Sequence[int],
+                train_shape: Sequence[int],
+                threads: int,
+                device: str = 'cpu',
+                channels_last: bool = False,
+                official: Optional[str] = None) -> None:
+    """The far side of :class:`ModelProcess`: builds the model and its
+    inputs, says ``ready`` and answers each ``eval``/``train`` line on
+    stdin with the seconds of that step, until ``quit`` or end of input.
+    Whatever else the process prints (the official constructors do) goes
+    to stderr, so that stdout carries the replies only."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), 'w', buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    torch.set_num_threads(threads)
+    memory_format = (
+        torch.channels_last if channels_last else torch.contiguous_format)
+    torch.manual_seed(0)
+    model = build_model(name, depth, setting, official)
+    model.to(device, memory_format=memory_format)
+    x_eval, x_train = (
+        torch.randn(*shape,
+                    device=device).contiguous(memory_format=memory_format)
+        for shape in (eval_shape, train_shape))
+    steps = {'eval': eval_step(x_eval), 'train': train_step(x_train)}
+    replies.write('ready\n')
+    for line in sys.stdin:
+        mode = line.strip()
+        if mode == 'quit':
+            break
+        replies.write(f'{timed_step(steps[mode], model, device)!r}\n')
+
+
+def time_section_in_processes(
+    depth: int,
+    setting: str,
+    eval_shape: Sequence[int],
+    train_shape: Sequence[int],
+    threads: int,
+    modes: Sequence[str] = MODES,
+    warmup: int = 3,
+    repeats: int = 15,
+    device: str = 'cpu',
+    channels_last: bool = False,
+    official: Optional[str] = None,
+    implementations: Sequence[str] = ('auto', )
+) -> Dict[Tuple[str, str], List[float]]:
+    """One run of :func:`time_section`'s timings (same arguments and
+    result) with each model in a fresh process of its own
+    (:class:`ModelProcess`, see the comment above it), the rounds
+    alternating between the processes as :func:`time_modes` alternates
+    between models: eval rounds first, then train rounds."""
+    names = model_names(implementations, official is not None)
+    processes = {}
+    try:
+        for name in names:
+            processes[name] = ModelProcess(name, depth, setting, eval_shape,
+                                           train_shape, threads, device,
+                                           channels_last, official)
+        for process in processes.values():
+            process.wait_ready()
+        results: Dict[Tuple[str, str], List[float]] = {}
+        for mode in MODES:
+            if mode not in modes:
+                continue
+            timed = {
+                name: process.step
+                for name, process in processes.items() if mode == 'eval'
+                or name != 'official' or official_has_setting(setting)
+            }
+            results.update(alternating_runs(timed, [mode], warmup, repeats))
+        return results
+    finally:
+        for process in processes.values():
+            process.close()
+
+
+def time_runs(runs: int,
+              process_per_model: bool = False,
+              **kwargs) -> List[Dict[Tuple[str, str], List[float]]]:
     """``runs`` runs of :func:`time_section` (same keyword arguments): one
     in this process, or each of two or more in a fresh process
-    (:func:`time_section_in_subprocess`)."""
+    (:func:`time_section_in_subprocess`); with ``process_per_model``, each
+    run with every model in a fresh process of its own
+    (:func:`time_section_in_processes`)."""
+    if process_per_model:
+        return [time_section_in_processes(**kwargs) for _ in range(runs)]
     if runs == 1:
         return [time_section(**kwargs)]
     return [time_section_in_subprocess(**kwargs) for _ in range(runs)]
@@ -529,7 +718,10 @@ if __name__ == '__main__':
     # init_weights() logs one INFO record per parameter.
     MMLogger.get_current_instance().setLevel(logging.WARNING)
     spec = json.loads(sys.argv[1])
-    if spec.pop('measure', 'memory') == 'timing':
+    measure = spec.pop('measure', 'memory')
+    if measure == 'steps':
+        serve_steps(**spec)
+    elif measure == 'timing':
         times = time_section(**spec)
         print(
             json.dumps({

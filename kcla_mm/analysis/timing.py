@@ -2,10 +2,12 @@
 """Alternating latency measurement shared by the benchmark tools.
 
 Models are run in turn, iteration by iteration, so that the noise of a
-shared machine hits them alike; the callers take medians or minima.
+shared machine hits them alike; the callers take medians or minima. The
+models may live in one process or each in its own
+(:class:`kcla_mm.analysis.benchmark.ModelProcess`).
 """
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -36,6 +38,35 @@ def train_step(inputs: Tensor) -> Step:
     return step
 
 
+def alternating_runs(runners: Dict[str, Callable[[str], float]],
+                     kinds: Sequence[str], warmup: int,
+                     repeats: int) -> Dict[Tuple[str, str], List[float]]:
+    """Seconds of each (runner name, step kind) over ``repeats`` rounds
+    after ``warmup`` rounds; a round calls every runner once per kind, and
+    a runner runs that step and returns its seconds (in this process, or
+    measured in another that holds the model)."""
+    times = {(name, kind): [] for name in runners for kind in kinds}
+    for i in range(warmup + repeats):
+        for name, runner in runners.items():
+            for kind in kinds:
+                seconds = runner(kind)
+                if i >= warmup:
+                    times[(name, kind)].append(seconds)
+    return times
+
+
+def timed_step(step: Step, model: nn.Module, device: str = 'cpu') -> float:
+    """Seconds of ``step(model)``; CUDA is synchronised around it."""
+    cuda = device.startswith('cuda')
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step(model)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def alternating_times(
         models: Dict[str, nn.Module],
         steps: Dict[str, Step],
@@ -43,18 +74,13 @@ def alternating_times(
         repeats: int,
         device: str = 'cpu') -> Dict[Tuple[str, str], List[float]]:
     """Seconds of each (model name, step name) over ``repeats`` rounds after
-    ``warmup`` rounds; a round runs every step of every model once."""
-    cuda = device.startswith('cuda')
-    times = {(name, kind): [] for name in models for kind in steps}
-    for i in range(warmup + repeats):
-        for name, model in models.items():
-            for kind, step in steps.items():
-                if cuda:
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                step(model)
-                if cuda:
-                    torch.cuda.synchronize()
-                if i >= warmup:
-                    times[(name, kind)].append(time.perf_counter() - start)
-    return times
+    ``warmup`` rounds; a round runs every step of every model once, all in
+    this process."""
+
+    def runner(model: nn.Module) -> Callable[[str], float]:
+        return lambda kind: timed_step(steps[kind], model, device)
+
+    return alternating_runs({
+        name: runner(m)
+        for name, m in models.items()
+    }, list(steps), warmup, repeats)

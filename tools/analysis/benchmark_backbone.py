@@ -36,6 +36,16 @@ of freed memory). Each model is measured in a fresh process (see
 default), the models alternating: the rows show the medians, since one
 process's RSS growth moves by some percent.
 
+``--process-per-model`` times each model in a fresh process of its own,
+the rounds still alternating between the processes. Models in one process
+share glibc's heap, so that what one step frees the other's reuses or
+finds returned to the OS: which of the two then pays the page faults of
+growing it again depends on the pair (docs/benchmarks.md, "Models sharing
+a process"). A user's process holds one model, as a process of its own
+does; but each process also brings its own memory layout, which moved the
+eval ratios between runs far more on this project's VM, hence one process
+by default.
+
 ``--keep-freed-memory`` re-runs the script with glibc's malloc told to keep
 freed blocks instead of returning them to the OS (mmap threshold at its
 32 MiB maximum, trim threshold 4 GiB): by default large tensors are mapped
@@ -167,6 +177,12 @@ def parse_args(argv=None):
         action='store_true',
         help='re-run with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ '
         'raised (see the module docstring)')
+    parser.add_argument(
+        '--process-per-model',
+        action='store_true',
+        help='time each model in a process of its own, the rounds still '
+        'alternating between them, instead of all in one process whose '
+        'heap they share (see the module docstring)')
     parser.add_argument(
         '--channels-last',
         action='store_true',
@@ -311,7 +327,8 @@ def run_section(args, depth, setting, threads):
         channels_last=args.channels_last,
         official=args.official,
         implementations=args.implementations)
-    runs = time_runs(args.runs, **timing)
+    runs = time_runs(
+        args.runs, process_per_model=args.process_per_model, **timing)
     columns = column_names(args, setting)
     official_trains = official_has_setting(setting)
 
@@ -399,6 +416,8 @@ def main(argv=None):
           f'{torch.__version__}, ' +
           ('channels_last, ' if args.channels_last else 'NCHW, ') + 'malloc ' +
           ('keeping freed memory' if args.keep_freed_memory else 'defaults') +
+          (', each model in a process of its own' if args.
+           process_per_model else '') +
           f', medians of {args.repeats} after {args.warmup} warm-up' +
           ('' if args.runs == 1 else RUNS_NOTE.format(runs=args.runs)) +
           '; ResNet: ms per eval forward / train step' +

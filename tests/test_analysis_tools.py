@@ -15,8 +15,7 @@ from mmengine.logging import HistoryBuffer
 from kcla_mm.analysis.benchmark import (ModelProcess, can_measure_peak_rss,
                                         load_official, median_memory,
                                         round_ratio_quartiles, run_ratio_range,
-                                        setting_shapes,
-                                        time_section_in_processes,
+                                        setting_shapes, time_section,
                                         time_section_in_subprocess)
 from kcla_mm.analysis.complexity import (saved_activation_bytes,
                                          train_step_allocated_peak)
@@ -308,7 +307,8 @@ def test_benchmark_backbone_process_per_model(benchmark_tool, capsys):
 def test_model_processes_time_every_model_and_mode():
     """One process per model, every (model, mode) timed ``repeats`` times
     after the warm-up rounds."""
-    times = time_section_in_processes(
+    times = time_section(
+        process_per_model=True,
         depth=18,
         setting='detection',
         eval_shape=(1, 3, 64, 64),
@@ -363,7 +363,8 @@ def test_model_process_replies_past_the_models_prints(tmp_path):
 
 def test_model_process_failure_names_the_model():
     with pytest.raises(RuntimeError) as error:
-        time_section_in_processes(
+        time_section(
+            process_per_model=True,
             depth=42,
             setting='imagenet',
             eval_shape=(1, 3, 32, 32),

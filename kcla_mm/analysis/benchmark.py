@@ -23,17 +23,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 from mmdet.models.backbones import ResNet
-from torch import Tensor
 
 from ..models import KCLAResNet
 from .complexity import saved_activation_bytes, train_step_allocated_peak
-from .timing import (alternating_runs, alternating_times, eval_step,
-                     timed_step, train_step)
+from .timing import alternating_runs, eval_step, timed_step, train_step
 
 MODES = ('eval', 'train')
 
@@ -227,13 +226,10 @@ def build_models(
 
 
 def time_modes(
-    models: Dict[str, nn.Module],
-    x_eval: Tensor,
-    x_train: Tensor,
+    runners: Dict[str, Callable[[str], float]],
     modes: Sequence[str] = MODES,
     warmup: int = 3,
     repeats: int = 15,
-    device: str = 'cpu',
     train_models: Optional[Sequence[str]] = None
 ) -> Dict[Tuple[str, str], List[float]]:
     """Seconds per iteration of each (model name, mode).
@@ -242,14 +238,14 @@ def time_modes(
     steps; within a mode the models alternate.
 
     Args:
-        models (dict[str, nn.Module]): The models by name.
-        x_eval (Tensor): Input of an eval forward.
-        x_train (Tensor): Input of a train step (forward and backward).
+        runners (dict[str, Callable[[str], float]]): By model name, a
+            function that runs one step of that model in the mode it is
+            given (``'eval'`` or ``'train'``) and returns its seconds: in
+            this process (:func:`kcla_mm.analysis.timing.timed_step`) or in
+            the model's own (:meth:`ModelProcess.step`).
         modes (Sequence[str]): ``'eval'`` and/or ``'train'``.
         warmup (int): Untimed rounds per mode. Defaults to 3.
         repeats (int): Timed rounds per mode. Defaults to 15.
-        device (str): The models' device; CUDA is synchronised around
-            each step.
         train_models (Sequence[str], optional): The models that take part
             in the train rounds; all by default.
 
@@ -257,40 +253,58 @@ def time_modes(
         dict[tuple[str, str], list[float]]: ``repeats`` times for each
         (model name, mode).
     """
-    steps = {'eval': eval_step(x_eval), 'train': train_step(x_train)}
     results: Dict[Tuple[str, str], List[float]] = {}
     for mode in MODES:
         if mode not in modes:
             continue
-        timed = models
-        if mode == 'train' and train_models is not None:
-            timed = {n: m for n, m in models.items() if n in train_models}
-        results.update(
-            alternating_times(timed, {mode: steps[mode]}, warmup, repeats,
-                              device))
+        timed = {
+            name: runner
+            for name, runner in runners.items()
+            if mode == 'eval' or train_models is None or name in train_models
+        }
+        results.update(alternating_runs(timed, [mode], warmup, repeats))
     return results
 
 
 def time_section(
-    depth: int,
-    setting: str,
-    eval_shape: Sequence[int],
-    train_shape: Sequence[int],
-    threads: int,
-    modes: Sequence[str] = MODES,
-    warmup: int = 3,
-    repeats: int = 15,
-    device: str = 'cpu',
-    channels_last: bool = False,
-    official: Optional[str] = None,
-    implementations: Sequence[str] = ('auto', )
-) -> Dict[Tuple[str, str], List[float]]:
-    """One run of benchmark_backbone.py's timings in this process: the
-    models of :func:`build_models` (``'resnet'``, ``'kcla:<impl>'`` per
+        depth: int,
+        setting: str,
+        eval_shape: Sequence[int],
+        train_shape: Sequence[int],
+        threads: int,
+        modes: Sequence[str] = MODES,
+        warmup: int = 3,
+        repeats: int = 15,
+        device: str = 'cpu',
+        channels_last: bool = False,
+        official: Optional[str] = None,
+        implementations: Sequence[str] = ('auto', ),
+        process_per_model: bool = False) -> Dict[Tuple[str, str], List[float]]:
+    """One run of benchmark_backbone.py's timings: the models of
+    :func:`build_models` (``'resnet'``, ``'kcla:<impl>'`` per
     implementation, ``'official'`` with ``official``) at ``threads``
     intra-op threads, timed by :func:`time_modes` on random inputs of the
     given shapes; the official model takes part in train steps only where
-    :func:`official_has_setting`."""
+    :func:`official_has_setting`. All in this process, or with
+    ``process_per_model`` each model in a fresh process of its own
+    (:func:`model_processes`)."""
+    names = model_names(implementations, official is not None)
+    timing = dict(
+        modes=modes,
+        warmup=warmup,
+        repeats=repeats,
+        train_models=[
+            n for n in names
+            if n != 'official' or official_has_setting(setting)
+        ])
+    if process_per_model:
+        with model_processes(names, depth, setting, eval_shape, train_shape,
+                             threads, device, channels_last,
+                             official) as processes:
+            return time_modes({
+                n: p.step
+                for n, p in processes.items()
+            }, **timing)
     torch.set_num_threads(threads)
     memory_format = (
         torch.channels_last if channels_last else torch.contiguous_format)
@@ -301,15 +315,16 @@ def time_section(
         setting=setting,
         official=official,
         implementations=implementations)
-    train_models = [
-        n for n in models if n != 'official' or official_has_setting(setting)
-    ]
     x_eval = torch.randn(
         *eval_shape, device=device).contiguous(memory_format=memory_format)
     x_train = torch.randn(
         *train_shape, device=device).contiguous(memory_format=memory_format)
-    return time_modes(models, x_eval, x_train, modes, warmup, repeats, device,
-                      train_models)
+    steps = {'eval': eval_step(x_eval), 'train': train_step(x_train)}
+
+    def runner(model: nn.Module) -> Callable[[str], float]:
+        return lambda mode: timed_step(steps[mode], model, device)
+
+    return time_modes({n: runner(m) for n, m in models.items()}, **timing)
 
 
 def _run_module(spec: Dict, what: str) -> str:
@@ -469,45 +484,19 @@ def serve_steps(name: str,
         replies.write(f'{timed_step(steps[mode], model, device)!r}\n')
 
 
-def time_section_in_processes(
-    depth: int,
-    setting: str,
-    eval_shape: Sequence[int],
-    train_shape: Sequence[int],
-    threads: int,
-    modes: Sequence[str] = MODES,
-    warmup: int = 3,
-    repeats: int = 15,
-    device: str = 'cpu',
-    channels_last: bool = False,
-    official: Optional[str] = None,
-    implementations: Sequence[str] = ('auto', )
-) -> Dict[Tuple[str, str], List[float]]:
-    """One run of :func:`time_section`'s timings (same arguments and
-    result) with each model in a fresh process of its own
-    (:class:`ModelProcess`, see the comment above it), the rounds
-    alternating between the processes as :func:`time_modes` alternates
-    between models: eval rounds first, then train rounds."""
-    names = model_names(implementations, official is not None)
-    processes = {}
+@contextmanager
+def model_processes(names: Sequence[str], *args,
+                    **kwargs) -> Iterator[Dict[str, ModelProcess]]:
+    """A :class:`ModelProcess` per model of ``names`` (the other arguments
+    are ModelProcess's after the name), built side by side and ready; all
+    are ended on leaving the block, also on an error."""
+    processes: Dict[str, ModelProcess] = {}
     try:
         for name in names:
-            processes[name] = ModelProcess(name, depth, setting, eval_shape,
-                                           train_shape, threads, device,
-                                           channels_last, official)
+            processes[name] = ModelProcess(name, *args, **kwargs)
         for process in processes.values():
             process.wait_ready()
-        results: Dict[Tuple[str, str], List[float]] = {}
-        for mode in MODES:
-            if mode not in modes:
-                continue
-            timed = {
-                name: process.step
-                for name, process in processes.items() if mode == 'eval'
-                or name != 'official' or official_has_setting(setting)
-            }
-            results.update(alternating_runs(timed, [mode], warmup, repeats))
-        return results
+        yield processes
     finally:
         for process in processes.values():
             process.close()
@@ -519,10 +508,11 @@ def time_runs(runs: int,
     """``runs`` runs of :func:`time_section` (same keyword arguments): one
     in this process, or each of two or more in a fresh process
     (:func:`time_section_in_subprocess`); with ``process_per_model``, each
-    run with every model in a fresh process of its own
-    (:func:`time_section_in_processes`)."""
+    run with every model in a fresh process of its own."""
     if process_per_model:
-        return [time_section_in_processes(**kwargs) for _ in range(runs)]
+        return [
+            time_section(process_per_model=True, **kwargs) for _ in range(runs)
+        ]
     if runs == 1:
         return [time_section(**kwargs)]
     return [time_section_in_subprocess(**kwargs) for _ in range(runs)]

@@ -356,6 +356,14 @@ def test_model_process_replies_past_the_models_prints(tmp_path):
         seconds = [process.step(mode) for mode in ('eval', 'train', 'eval')]
         with pytest.raises(ValueError, match="mode 'test': not one of"):
             process.step('test')
+        # A process that has gone: the next step says so, with its status.
+        process._process.kill()
+        process._process.wait()
+        with pytest.raises(
+                RuntimeError,
+                match=r'the timing process of official failed in '
+                r'a step \(eval\)'):
+            process.step('eval')
     finally:
         process.close()
     assert all(0 < s != 0.5 for s in seconds), seconds

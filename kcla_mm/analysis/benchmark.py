@@ -432,9 +432,12 @@ class ModelProcess:
         """Seconds of one ``mode`` step (``'eval'`` or ``'train'``)."""
         if mode not in MODES:
             raise ValueError(f'mode {mode!r}: not one of {MODES}')
-        self._process.stdin.write(mode + '\n')
-        self._process.stdin.flush()
-        return float(self._reply(f'in a {mode} step'))
+        try:
+            self._process.stdin.write(mode + '\n')
+            self._process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it has exited: _reply says why, from its stderr
+        return float(self._reply(f'in a step ({mode})'))
 
     def close(self) -> None:
         """Ends the process (asks it to quit, kills it if it does not)."""

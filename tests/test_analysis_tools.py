@@ -347,9 +347,11 @@ def test_model_process_replies_past_the_models_prints(tmp_path):
     official.write_text(PRINTING_OFFICIAL)
     process = ModelProcess(
         'official',
-        50,
-        'imagenet', (1, 3, 16, 16), (2, 3, 16, 16),
-        1,
+        depth=50,
+        setting='imagenet',
+        eval_shape=(1, 3, 16, 16),
+        train_shape=(2, 3, 16, 16),
+        threads=1,
         official=str(official))
     try:
         process.wait_ready()

@@ -32,7 +32,8 @@ from mmdet.models.backbones import ResNet
 
 from ..models import KCLAResNet
 from .complexity import saved_activation_bytes, train_step_allocated_peak
-from .timing import alternating_runs, eval_step, timed_step, train_step
+from .timing import (Step, alternating_runs, eval_step, model_runners,
+                     timed_step, train_step)
 
 MODES = ('eval', 'train')
 
@@ -225,6 +226,19 @@ def build_models(
     return models
 
 
+def random_steps(eval_shape: Sequence[int], train_shape: Sequence[int],
+                 device: str,
+                 memory_format: torch.memory_format) -> Dict[str, Step]:
+    """``{'eval': ..., 'train': ...}``: an eval forward and a train step
+    (:mod:`kcla_mm.analysis.timing`) on random inputs of the given shapes,
+    on ``device`` in ``memory_format``."""
+    x_eval, x_train = (
+        torch.randn(*shape,
+                    device=device).contiguous(memory_format=memory_format)
+        for shape in (eval_shape, train_shape))
+    return {'eval': eval_step(x_eval), 'train': train_step(x_train)}
+
+
 def time_modes(
     runners: Dict[str, Callable[[str], float]],
     modes: Sequence[str] = MODES,
@@ -298,9 +312,16 @@ def time_section(
             if n != 'official' or official_has_setting(setting)
         ])
     if process_per_model:
-        with model_processes(names, depth, setting, eval_shape, train_shape,
-                             threads, device, channels_last,
-                             official) as processes:
+        with model_processes(
+                names,
+                depth=depth,
+                setting=setting,
+                eval_shape=eval_shape,
+                train_shape=train_shape,
+                threads=threads,
+                device=device,
+                channels_last=channels_last,
+                official=official) as processes:
             return time_modes({
                 n: p.step
                 for n, p in processes.items()
@@ -315,16 +336,8 @@ def time_section(
         setting=setting,
         official=official,
         implementations=implementations)
-    x_eval = torch.randn(
-        *eval_shape, device=device).contiguous(memory_format=memory_format)
-    x_train = torch.randn(
-        *train_shape, device=device).contiguous(memory_format=memory_format)
-    steps = {'eval': eval_step(x_eval), 'train': train_step(x_train)}
-
-    def runner(model: nn.Module) -> Callable[[str], float]:
-        return lambda mode: timed_step(steps[mode], model, device)
-
-    return time_modes({n: runner(m) for n, m in models.items()}, **timing)
+    steps = random_steps(eval_shape, train_shape, device, memory_format)
+    return time_modes(model_runners(models, steps, device), **timing)
 
 
 def _run_module(spec: Dict, what: str) -> str:
@@ -361,54 +374,33 @@ def time_section_in_subprocess(**kwargs) -> Dict[Tuple[str, str], List[float]]:
 # keep one process by default.
 class ModelProcess:
     """One model of :func:`build_model` in a fresh Python process (this
-    module with ``-m``), with its inputs, running one step when asked:
-    ``step('eval')`` or ``step('train')`` returns the seconds the step took
-    in that process (:func:`kcla_mm.analysis.timing.timed_step`).
+    module with ``-m``, running :func:`serve_steps`), with its inputs,
+    running one step when asked: ``step('eval')`` or ``step('train')``
+    returns the seconds the step took in that process
+    (:func:`kcla_mm.analysis.timing.timed_step`).
 
     Args:
         name (str): The model (:func:`model_names`).
-        depth (int): ResNet depth.
-        setting (str): One of :data:`SETTINGS`.
-        eval_shape, train_shape (Sequence[int]): The inputs' shapes.
-        threads (int): torch intra-op threads.
-        device (str): The model's and inputs' device.
-        channels_last (bool): Model and inputs in channels_last.
-        official (str, optional): The official file, for ``'official'``.
+        **spec: The other arguments of :func:`serve_steps` (``depth``,
+            ``setting``, ``eval_shape``, ``train_shape``, ``threads``, ...),
+            by keyword; one it does not take fails the process, named by
+            :meth:`wait_ready`.
     """
 
-    def __init__(self,
-                 name: str,
-                 depth: int,
-                 setting: str,
-                 eval_shape: Sequence[int],
-                 train_shape: Sequence[int],
-                 threads: int,
-                 device: str = 'cpu',
-                 channels_last: bool = False,
-                 official: Optional[str] = None):
+    def __init__(self, name: str, **spec):
         self.name = name
-        spec = dict(
-            measure='steps',
-            name=name,
-            depth=depth,
-            setting=setting,
-            eval_shape=list(eval_shape),
-            train_shape=list(train_shape),
-            threads=threads,
-            device=device,
-            channels_last=channels_last,
-            official=official)
         # A file, not a pipe, for the worker's messages: nobody reads them
         # until it fails, and a full pipe would stall it.
         self._stderr = tempfile.TemporaryFile(mode='w+')
-        self._process = subprocess.Popen(
-            [sys.executable, '-m', __name__,
-             json.dumps(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            bufsize=1)
+        self._process = subprocess.Popen([
+            sys.executable, '-m', __name__,
+            json.dumps(dict(spec, measure='steps', name=name))
+        ],
+                                         stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE,
+                                         stderr=self._stderr,
+                                         text=True,
+                                         bufsize=1)
 
     def _reply(self, what: str) -> str:
         line = self._process.stdout.readline()
@@ -474,11 +466,7 @@ def serve_steps(name: str,
     torch.manual_seed(0)
     model = build_model(name, depth, setting, official)
     model.to(device, memory_format=memory_format)
-    x_eval, x_train = (
-        torch.randn(*shape,
-                    device=device).contiguous(memory_format=memory_format)
-        for shape in (eval_shape, train_shape))
-    steps = {'eval': eval_step(x_eval), 'train': train_step(x_train)}
+    steps = random_steps(eval_shape, train_shape, device, memory_format)
     replies.write('ready\n')
     for line in sys.stdin:
         mode = line.strip()
@@ -488,15 +476,15 @@ def serve_steps(name: str,
 
 
 @contextmanager
-def model_processes(names: Sequence[str], *args,
-                    **kwargs) -> Iterator[Dict[str, ModelProcess]]:
-    """A :class:`ModelProcess` per model of ``names`` (the other arguments
-    are ModelProcess's after the name), built side by side and ready; all
-    are ended on leaving the block, also on an error."""
+def model_processes(names: Sequence[str],
+                    **spec) -> Iterator[Dict[str, ModelProcess]]:
+    """A :class:`ModelProcess` per model of ``names`` (``spec``: the other
+    arguments of ModelProcess), built side by side and ready; all are
+    ended on leaving the block, also on an error."""
     processes: Dict[str, ModelProcess] = {}
     try:
         for name in names:
-            processes[name] = ModelProcess(name, *args, **kwargs)
+            processes[name] = ModelProcess(name, **spec)
         for process in processes.values():
             process.wait_ready()
         yield processes

@@ -67,6 +67,19 @@ def timed_step(step: Step, model: nn.Module, device: str = 'cpu') -> float:
     return time.perf_counter() - start
 
 
+def model_runners(models: Dict[str, nn.Module],
+                  steps: Dict[str, Step],
+                  device: str = 'cpu') -> Dict[str, Callable[[str], float]]:
+    """The runners of :func:`alternating_runs` for models in this process:
+    by name, a function of the step's name that runs that step of
+    ``steps`` on the model and returns its seconds (:func:`timed_step`)."""
+
+    def runner(model: nn.Module) -> Callable[[str], float]:
+        return lambda kind: timed_step(steps[kind], model, device)
+
+    return {name: runner(model) for name, model in models.items()}
+
+
 def alternating_times(
         models: Dict[str, nn.Module],
         steps: Dict[str, Step],
@@ -76,11 +89,5 @@ def alternating_times(
     """Seconds of each (model name, step name) over ``repeats`` rounds after
     ``warmup`` rounds; a round runs every step of every model once, all in
     this process."""
-
-    def runner(model: nn.Module) -> Callable[[str], float]:
-        return lambda kind: timed_step(steps[kind], model, device)
-
-    return alternating_runs({
-        name: runner(m)
-        for name, m in models.items()
-    }, list(steps), warmup, repeats)
+    return alternating_runs(
+        model_runners(models, steps, device), list(steps), warmup, repeats)

@@ -23,6 +23,7 @@ from kcla_mm.analysis.key_similarity import mean_off_diagonal
 from kcla_mm.analysis.layer_contributions import (kcla_normalised_weights,
                                                   mrla_light_shares)
 from kcla_mm.analysis.phase_profile import PHASES, timed_phases
+from kcla_mm.analysis.timing import train_step
 from kcla_mm.models import KCLAResNet, MRLALightResNet
 from kcla_mm.models.layers.profiling import phase
 from kcla_mm.torch_compat import has_mem_tracker
@@ -675,6 +676,22 @@ def test_profile_kcla_takes_the_benchmark_settings(capsys):
     assert 'eval (1x3x32x32, median of 1)' in out
 
 
+def test_train_step_calls_between_after_the_forward_pass():
+    """profile_kcla.py counts the backward pass's page faults from the
+    call: the model's outputs exist then, its gradients not yet."""
+    model = torch.nn.Conv2d(3, 4, 3)
+    seen = []
+
+    def between():
+        seen.append((model.training, model.weight.grad))
+
+    model.eval()
+    model.weight.grad = torch.ones_like(model.weight)
+    train_step(torch.randn(2, 3, 8, 8), between=between)(model)
+    assert seen == [(True, None)]
+    assert model.weight.grad is not None and model.weight.grad.abs().sum() > 0
+
+
 @pytest.mark.slow
 def test_profile_kcla_prints_the_phases_beside_resnet():
     log = output_of(sys.executable, 'tools/analysis/profile_kcla.py',
@@ -687,12 +704,19 @@ def test_profile_kcla_prints_the_phases_beside_resnet():
             r'KCLA [\d.]+ ms, ratio [\d.]+', log), log
     assert 'state update + branch, C++ backward' in log, log
     assert 'not in a phase' in log
-    # one line per mode; a train step allocates fresh gradients
+    # one line per mode; a train step allocates fresh gradients, and its
+    # line also counts the backward pass's faults, part of the step's
     faults = re.findall(
         r'minor page faults per step \(median\): ResNet (\d+) \(([\d.]+) ms '
-        r'system CPU\), KCLA (\d+) \(([\d.]+) ms system CPU\)', log)
+        r'system CPU(?:, (\d+) in backward)?\), KCLA (\d+) \(([\d.]+) ms '
+        r'system CPU(?:, (\d+) in backward)?\)', log)
     assert len(faults) == 2, log
-    assert int(faults[1][0]) > 0 and int(faults[1][2]) > 0, log
+    (_, _, eval_resnet_backward, _, _, eval_kcla_backward), train = faults
+    assert eval_resnet_backward == eval_kcla_backward == '', log
+    resnet, _, resnet_backward, kcla, _, kcla_backward = map(
+        lambda v: int(float(v)), train)
+    assert resnet > 0 and kcla > 0, log
+    assert resnet_backward <= resnet and kcla_backward <= kcla, log
 
 
 @pytest.mark.slow

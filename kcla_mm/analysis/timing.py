@@ -7,7 +7,7 @@ models may live in one process or each in its own
 (:class:`kcla_mm.analysis.benchmark.ModelProcess`).
 """
 import time
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -27,13 +27,19 @@ def eval_step(inputs: Tensor) -> Step:
     return step
 
 
-def train_step(inputs: Tensor) -> Step:
-    """One train-mode forward and backward of the mean of every output."""
+def train_step(inputs: Tensor,
+               between: Optional[Callable[[], None]] = None) -> Step:
+    """One train-mode forward and backward of the mean of every output;
+    ``between``, where given, is called after the forward pass and before
+    the backward one (to tell their costs apart)."""
 
     def step(model: nn.Module) -> None:
         model.train()
         model.zero_grad(set_to_none=True)
-        sum(o.mean() for o in model(inputs)).backward()
+        loss = sum(o.mean() for o in model(inputs))
+        if between is not None:
+            between()
+        loss.backward()
 
     return step
 

@@ -16,7 +16,8 @@ vectors, the layers' Python, page faults outside the phases (a phase's own
 count in its time), and noise. Each model's median minor page faults and
 system CPU time per timed step are printed beside it (getrusage, the whole
 process), since a step's fresh tensors cost page faults at any thread
-count. It asserts nothing.
+count; for the train step also the faults of its backward pass alone.
+It asserts nothing.
 """
 import argparse
 import logging
@@ -90,10 +91,13 @@ def _usage():
     return usage.ru_minflt, usage.ru_stime
 
 
-def profile_mode(models, step, warmup, repeats):
+def profile_mode(models, step, warmup, repeats, marks=None):
     """(ResNet seconds, KCLA seconds, {phase: seconds per step}, {model:
-    (median minor page faults, median system CPU seconds) per step}, the
-    latter empty where getrusage is missing)."""
+    (median minor page faults, median system CPU seconds, median faults
+    of the backward pass or None) per step}, the latter empty where
+    getrusage is missing). ``marks``, where given, is the list to which
+    ``step`` appends :func:`_usage` between its forward and backward
+    pass."""
     for _ in range(warmup):
         for model in models.values():
             step(model)
@@ -102,13 +106,17 @@ def profile_mode(models, step, warmup, repeats):
     phases = {}
 
     def timed(name):
+        if marks is not None:
+            marks.clear()
         before = _usage() if resource is not None else None
         start = time.perf_counter()
         step(models[name])
         times[name].append(time.perf_counter() - start)
         if before is not None:
             after = _usage()
-            usages[name].append((after[0] - before[0], after[1] - before[1]))
+            backward = after[0] - marks[-1][0] if marks else None
+            usages[name].append(
+                (after[0] - before[0], after[1] - before[1], backward))
 
     for _ in range(repeats):
         timed('resnet')
@@ -121,11 +129,21 @@ def profile_mode(models, step, warmup, repeats):
     faults = {}
     for name, usage in usages.items():
         if usage:
-            counts, seconds = zip(*usage)
+            counts, seconds, backward = zip(*usage)
             faults[name] = (statistics.median(counts),
-                            statistics.median(seconds))
+                            statistics.median(seconds), None if None
+                            in backward else statistics.median(backward))
     return (statistics.median(times['resnet']),
             statistics.median(times['kcla']), phases, faults)
+
+
+def fault_summary(faults, name: str, label: str) -> str:
+    """``label``'s entry of the page-fault line."""
+    count, seconds, backward = faults[name]
+    summary = f'{label} {count:.0f} ({seconds * 1e3:.1f} ms system CPU'
+    if backward is not None:
+        summary += f', {backward:.0f} in backward'
+    return summary + ')'
 
 
 def main(argv=None):
@@ -147,7 +165,17 @@ def main(argv=None):
         'eval': torch.randn(*eval_shape),
         'train': torch.randn(*train_shape)
     }
-    steps = {'eval': eval_step, 'train': train_step}
+    # getrusage between a train step's forward and backward pass.
+    marks = []
+    steps = {
+        'eval':
+        eval_step,
+        'train':
+        lambda x: train_step(
+            x,
+            between=None
+            if resource is None else lambda: marks.append(_usage()))
+    }
     print(f'KCLAResNet-{args.depth} (kcla_implementation='
           f'{args.kcla_implementation}: {implementation} phases) vs '
           f'ResNet-{args.depth}, {args.setting} setting, cpu, '
@@ -156,8 +184,9 @@ def main(argv=None):
         if mode not in args.modes:
             continue
         x = inputs[mode]
-        base, kcla, phases, faults = profile_mode(models, steps[mode](x),
-                                                  args.warmup, args.repeats)
+        base, kcla, phases, faults = profile_mode(
+            models, steps[mode](x), args.warmup, args.repeats,
+            marks if mode == 'train' else None)
         shape = 'x'.join(map(str, x.shape))
         print(f'\n{mode} ({shape}, median of {args.repeats}): ResNet '
               f'{base * 1e3:.1f} ms, KCLA {kcla * 1e3:.1f} ms, ratio '
@@ -171,8 +200,7 @@ def main(argv=None):
         print(f'  {label:<56} {rest * 1e3:8.1f} {100 * rest / base:11.1f}%')
         if faults:
             print('  minor page faults per step (median): ' + ', '.join(
-                f'{label} {faults[name][0]:.0f} ({faults[name][1] * 1e3:.1f} '
-                'ms system CPU)'
+                fault_summary(faults, name, label)
                 for name, label in (('resnet', 'ResNet'), ('kcla', 'KCLA'))))
 
 

@@ -23,6 +23,7 @@ import argparse
 import logging
 import statistics
 import time
+from functools import partial
 
 try:
     import resource
@@ -130,9 +131,10 @@ def profile_mode(models, step, warmup, repeats, marks=None):
     for name, usage in usages.items():
         if usage:
             counts, seconds, backward = zip(*usage)
+            backward = (None
+                        if None in backward else statistics.median(backward))
             faults[name] = (statistics.median(counts),
-                            statistics.median(seconds), None if None
-                            in backward else statistics.median(backward))
+                            statistics.median(seconds), backward)
     return (statistics.median(times['resnet']),
             statistics.median(times['kcla']), phases, faults)
 
@@ -165,17 +167,10 @@ def main(argv=None):
         'eval': torch.randn(*eval_shape),
         'train': torch.randn(*train_shape)
     }
-    # getrusage between a train step's forward and backward pass.
+    # getrusage readings between a train step's forward and backward pass
     marks = []
-    steps = {
-        'eval':
-        eval_step,
-        'train':
-        lambda x: train_step(
-            x,
-            between=None
-            if resource is None else lambda: marks.append(_usage()))
-    }
+    between = None if resource is None else lambda: marks.append(_usage())
+    steps = {'eval': eval_step, 'train': partial(train_step, between=between)}
     print(f'KCLAResNet-{args.depth} (kcla_implementation='
           f'{args.kcla_implementation}: {implementation} phases) vs '
           f'ResNet-{args.depth}, {args.setting} setting, cpu, '

@@ -193,6 +193,22 @@ def build_model(name: str,
     return model
 
 
+def memory_format_of(channels_last: bool) -> torch.memory_format:
+    """The models' and inputs' memory format: channels_last or NCHW."""
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def seeded_model(name: str, depth: int, setting: str, official: Optional[str],
+                 device: str, memory_format: torch.memory_format) -> nn.Module:
+    """The one model of a fresh measuring process (:func:`measure_one`,
+    :func:`serve_steps`): :func:`build_model` after ``torch.manual_seed(0)``,
+    on ``device`` in ``memory_format``."""
+    torch.manual_seed(0)
+    model = build_model(name, depth, setting, official)
+    model.to(device, memory_format=memory_format)
+    return model
+
+
 def build_models(
         depth: int,
         device: str = 'cpu',
@@ -327,8 +343,7 @@ def time_section(
                 for n, p in processes.items()
             }, **timing)
     torch.set_num_threads(threads)
-    memory_format = (
-        torch.channels_last if channels_last else torch.contiguous_format)
+    memory_format = memory_format_of(channels_last)
     models = build_models(
         depth,
         device,
@@ -461,11 +476,8 @@ def serve_steps(name: str,
     replies = os.fdopen(os.dup(sys.stdout.fileno()), 'w', buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     torch.set_num_threads(threads)
-    memory_format = (
-        torch.channels_last if channels_last else torch.contiguous_format)
-    torch.manual_seed(0)
-    model = build_model(name, depth, setting, official)
-    model.to(device, memory_format=memory_format)
+    memory_format = memory_format_of(channels_last)
+    model = seeded_model(name, depth, setting, official, device, memory_format)
     steps = random_steps(eval_shape, train_shape, device, memory_format)
     replies.write('ready\n')
     for line in sys.stdin:
@@ -614,11 +626,9 @@ def measure_one(name: str,
     profiler would add its own records to the resident set."""
     if threads > 0:
         torch.set_num_threads(threads)
-    memory_format = (
-        torch.channels_last if channels_last else torch.contiguous_format)
-    torch.manual_seed(0)
-    model = build_model(name, depth, setting, official)
-    model.to(device, memory_format=memory_format).train()
+    memory_format = memory_format_of(channels_last)
+    model = seeded_model(name, depth, setting, official, device, memory_format)
+    model.train()
     x = torch.randn(
         *train_shape, device=device).contiguous(memory_format=memory_format)
     gc.collect()

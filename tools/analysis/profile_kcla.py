@@ -179,9 +179,9 @@ def main(argv=None):
         if mode not in args.modes:
             continue
         x = inputs[mode]
-        base, kcla, phases, faults = profile_mode(
-            models, steps[mode](x), args.warmup, args.repeats,
-            marks if mode == 'train' else None)
+        base, kcla, phases, faults = profile_mode(models, steps[mode](x),
+                                                  args.warmup, args.repeats,
+                                                  marks)
         shape = 'x'.join(map(str, x.shape))
         print(f'\n{mode} ({shape}, median of {args.repeats}): ResNet '
               f'{base * 1e3:.1f} ms, KCLA {kcla * 1e3:.1f} ms, ratio '

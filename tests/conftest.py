@@ -35,6 +35,17 @@ def _default_scope_restored():
     DefaultScope._instance_dict.update(scopes)
 
 
+@pytest.fixture(autouse=True)
+def _thread_count_restored():
+    """torch's intra-op thread count as it was before the test: a tool run
+    in-process (profile_kcla.py's and depth_scaling.py's --threads default
+    to 1) would otherwise leave every later test of the session on one
+    thread, where its rounding differs from torch's default's."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def float64():
     """float64 as the default dtype, so that a difference between two

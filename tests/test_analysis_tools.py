@@ -82,11 +82,9 @@ def benchmark_tables(log):
 
 @pytest.fixture
 def benchmark_tool():
-    """benchmark_backbone.py in-process, with torch's thread count put
-    back afterwards (its sections set it)."""
-    threads = torch.get_num_threads()
-    yield load_tool(BENCHMARK)
-    torch.set_num_threads(threads)
+    """benchmark_backbone.py in-process (its sections set torch's thread
+    count; conftest.py puts it back after each test)."""
+    return load_tool(BENCHMARK)
 
 
 def test_benchmark_backbone_parses_lists_and_settings(benchmark_tool):

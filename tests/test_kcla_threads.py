@@ -220,15 +220,11 @@ def test_one_openmp_runtime_is_loaded(ext):
     """The kernels use the runtime torch loaded: two runtimes in one
     process would mean two thread pools, each sized by its own
     omp_set_num_threads, and oversubscribed cores."""
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        x = torch.rand(2, 8, 5, 5)
-        w, scale = torch.rand(2, 2) + 1, torch.rand(2, 2)
-        kernel = torch.rand(8, 1, 3, 3)
-        ext.branch_forward(x, None, w, scale, kernel, None, None, None, None,
-                           True, 1e-5, None, None, False, False)
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(2)  # conftest.py puts the count back
+    x = torch.rand(2, 8, 5, 5)
+    w, scale = torch.rand(2, 2) + 1, torch.rand(2, 2)
+    kernel = torch.rand(8, 1, 3, 3)
+    ext.branch_forward(x, None, w, scale, kernel, None, None, None, None, True,
+                       1e-5, None, None, False, False)
     runtimes = mapped_openmp_runtimes()
     assert len(runtimes) == 1, runtimes
